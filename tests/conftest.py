@@ -1,0 +1,52 @@
+"""Shared test fixtures: tiny configs and the location of the real data."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+
+# Before JAX is imported anywhere: 8 simulated CPU devices for the sharding
+# tests, cheaper XLA compiles (tiny models compile far longer than they run),
+# and one persistent compilation cache shared by the test processes.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+)
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "transformer_jax_test_jax_cache")
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> pathlib.Path | None:
+  """The real corpora: $TRANSFORMER_JAX_DATA_DIR, else ../shared/data beside the repo."""
+  candidates = [os.environ.get("TRANSFORMER_JAX_DATA_DIR"), REPO_ROOT.parent / "shared" / "data"]
+  for candidate in candidates:
+    if candidate and (pathlib.Path(candidate) / "multi30k").is_dir():
+      return pathlib.Path(candidate)
+  return None
+
+
+@pytest.fixture
+def data_dir() -> pathlib.Path:
+  found = shared_data_dir()
+  if found is None:
+    pytest.skip(
+        "real data not found: set TRANSFORMER_JAX_DATA_DIR to the folder holding "
+        "multi30k/ (CI has it at ../shared/data)"
+    )
+  return found
+
+
+@pytest.fixture
+def tiny_model_config():
+  from transformer_jax.model_config import default_model_config
+
+  config = default_model_config()
+  config.update(dict(vocab_size=64, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=64))
+  return config

@@ -1,0 +1,398 @@
+"""Tests for transformer_jax.search on small synthetic "models" (CPU, fast).
+
+Each model is a `tokens_to_logits` function over fixed tables, mirrored by a
+NumPy function so the expected output can be computed independently.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import search
+from transformer_jax.errors import UserError
+from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+NEG_INF = -np.inf
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+  x = np.asarray(x, np.float64)
+  m = np.max(x, axis=-1, keepdims=True)
+  return x - m - np.log(np.sum(np.exp(x - m), axis=-1, keepdims=True))
+
+
+def _lp(length: int, alpha: float) -> float:
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def _random_logits(rng, shape, eos=True, scale=2.0) -> np.ndarray:
+  """float32 logits; PAD, UNK and BOS are impossible, EOS optionally too."""
+  logits = rng.normal(size=shape).astype(np.float32) * scale
+  logits[..., [PAD_ID, 1, BOS_ID]] = NEG_INF
+  if not eos:
+    logits[..., EOS_ID] = NEG_INF
+  return logits
+
+
+# A bigram model: logits = table[last token]; the cache is a dummy.
+
+
+def _bigram_model(table: np.ndarray):
+  table = jnp.asarray(table)
+
+  def tokens_to_logits(tokens, cache, step):
+    del step
+    return table[tokens[:, 0]], cache
+
+  return tokens_to_logits
+
+
+def _bigram_next(table: np.ndarray):
+  return lambda prefix: _log_softmax(table[([BOS_ID] + prefix)[-1]])
+
+
+# A history model: the distribution depends on the sum of all tokens fed so
+# far, which only the cache holds, and on a per-sentence table id, also only
+# in the cache. Wrongly gathered cache rows give wrong distributions.
+
+_MOD = 3
+
+
+def _history_model(tables: np.ndarray):  # [n_tables, _MOD, vocab, vocab]
+  tables = jnp.asarray(tables)
+
+  def tokens_to_logits(tokens, cache, step):
+    del step
+    token = tokens[:, 0]
+    total = cache["sum"] + token
+    logits = tables[cache["table"], total % _MOD, token]
+    return logits, {"sum": total, "table": cache["table"]}
+
+  return tokens_to_logits
+
+
+def _history_next(tables: np.ndarray, table_id: int):
+  def next_logprobs(prefix):
+    fed = [BOS_ID] + prefix
+    return _log_softmax(tables[table_id, sum(fed) % _MOD, fed[-1]])
+
+  return next_logprobs
+
+
+def _history_cache(batch: int, rows: int | None = None):
+  rows = rows or batch
+  per_row = rows // batch
+  return {"sum": jnp.zeros((rows,), jnp.int32),
+          "table": jnp.repeat(jnp.arange(batch, dtype=jnp.int32), per_row)}
+
+
+def _exhaustive(next_logprobs, max_len: int, alpha: float):
+  """All sequences ending in EOS within max_len tokens, best first."""
+  found = []
+
+  def extend(prefix, logprob):
+    if len(prefix) >= max_len:
+      return
+    dist = next_logprobs(prefix)
+    for token in np.flatnonzero(np.isfinite(dist)):
+      total = logprob + dist[token]
+      if token == EOS_ID:
+        found.append((total / _lp(len(prefix) + 1, alpha),
+                      prefix + [int(token)]))
+      else:
+        extend(prefix + [int(token)], total)
+
+  extend([], 0.0)
+  return sorted(found, key=lambda item: -item[0])
+
+
+def _padded(seq, length):
+  return list(seq) + [PAD_ID] * (length - len(seq))
+
+
+def _greedy_np(next_logprobs, max_len):
+  seq = []
+  while len(seq) < max_len:
+    seq.append(int(np.argmax(next_logprobs(seq))))
+    if seq[-1] == EOS_ID:
+      break
+  return seq
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_beam_search_equals_exhaustive_search_when_beam_covers_everything(
+    alpha):
+  # Tokens 3 (EOS), 4, 5 only; 4 tokens at most: at most 8 unfinished
+  # prefixes, 24 candidates and 15 finished sequences, so beam 16 (32
+  # candidates) is exhaustive and must return the 15 best in order. The
+  # history model also checks that cache rows follow their beams.
+  rng = np.random.default_rng(0)
+  tables = _random_logits(rng, (2, _MOD, 6, 6))
+  max_lengths = [4, 3]
+  seqs, scores = search.beam_search(
+      _history_model(tables), _history_cache(2), batch_size=2, beam_size=16,
+      alpha=alpha, max_decode_len=5, max_lengths=jnp.array(max_lengths))
+  seqs, scores = np.asarray(seqs), np.asarray(scores)
+  for b in range(2):
+    expected = _exhaustive(_history_next(tables, b), max_lengths[b], alpha)
+    n = len(expected)
+    assert n == (15 if b == 0 else 7)
+    got = [list(s) for s in seqs[b, :n]]
+    want = [_padded(s, 5) for _, s in expected]
+    assert got == want, f"sentence {b}: beam order differs from exhaustive"
+    np.testing.assert_allclose(scores[b, :n], [s for s, _ in expected],
+                               rtol=1e-5)
+    assert np.all(scores[b, n:] == NEG_INF), "empty slots must score -inf"
+    assert np.all(seqs[b, n:] == PAD_ID), "empty slots must be all PAD"
+
+
+def test_beam_search_finds_better_sequence_than_greedy():
+  # P(4 EOS) = .5 * .4 = .2 but P(5 EOS) = .4 * .9 = .36: greedy takes 4.
+  probs = np.full((6, 6), 1e-30)
+  probs[BOS_ID, [4, 5, EOS_ID]] = [.5, .4, .1]
+  probs[4, [EOS_ID, 4, 5]] = [.4, .3, .3]
+  probs[5, [EOS_ID, 4, 5]] = [.9, .05, .05]
+  table = np.log(probs).astype(np.float32)
+  model = _bigram_model(table)
+  best = _exhaustive(_bigram_next(table), 6, alpha=0.0)[0]
+  assert best[1] == [5, EOS_ID]
+
+  greedy = search.greedy_search(model, {}, batch_size=1, max_decode_len=6)
+  assert list(np.asarray(greedy[0])) == _padded([4, EOS_ID], 6)
+  seqs, scores = search.beam_search(model, {}, batch_size=1, beam_size=2,
+                                    alpha=0.0, max_decode_len=6)
+  assert list(np.asarray(seqs[0, 0])) == _padded(best[1], 6)
+  np.testing.assert_allclose(scores[0, 0], np.log(.36), rtol=1e-5)
+
+
+def test_length_penalty_reorders_short_and_long_hypotheses():
+  # A = [4, EOS]: log P = -1.0, length 2. B = [6, 7, 8, EOS]: log P = -1.2,
+  # length 4. alpha=0 ranks A first; alpha=1 divides by 7/6 and 9/6, giving
+  # -0.857 < -0.8, so B first. Token 5 soaks up the rest of the mass.
+  c = np.exp(-1.2) / .45  # P(6 7 8 EOS | BOS 6) = c, split over 3 steps.
+  step = c ** (1 / 3)
+  probs = np.full((9, 9), 1e-30)
+  probs[BOS_ID, [4, 6, 5]] = [.5, .45, .05]
+  probs[4, [EOS_ID, 5]] = [np.exp(-1.0) / .5, 1 - np.exp(-1.0) / .5]
+  probs[5, [5, EOS_ID]] = [.5, .5]
+  probs[6, [7, 5]] = [step, 1 - step]
+  probs[7, [8, 5]] = [step, 1 - step]
+  probs[8, [EOS_ID, 5]] = [step, 1 - step]
+  table = np.log(probs).astype(np.float32)
+  a, b = [4, EOS_ID], [6, 7, 8, EOS_ID]
+  for alpha, order in [(0.0, [a, b]), (1.0, [b, a])]:
+    seqs, scores = search.beam_search(_bigram_model(table), {}, batch_size=1,
+                                      beam_size=4, alpha=alpha,
+                                      max_decode_len=8)
+    got = [list(np.asarray(s)) for s in seqs[0, :2]]
+    assert got == [_padded(s, 8) for s in order], f"alpha={alpha}"
+    logprob = {2: -1.0, 4: -1.2}
+    want = [logprob[len(s)] / ((5 + len(s)) / 6) ** alpha for s in order]
+    np.testing.assert_allclose(scores[0, :2], want, rtol=1e-5)
+    assert _exhaustive(_bigram_next(table), 8, alpha)[0][1] == order[0]
+
+
+def test_beam_size_one_equals_greedy_when_eos_is_ignored():
+  rng = np.random.default_rng(1)
+  table = _random_logits(rng, (12, 12))
+  model = _bigram_model(table)
+  max_lengths = jnp.array([9, 4, 1])
+  greedy = search.greedy_search(model, {}, batch_size=3, max_decode_len=9,
+                                max_lengths=max_lengths, ignore_eos=True)
+  seqs, scores = search.beam_search(model, {}, batch_size=3, beam_size=1,
+                                    alpha=0.6, max_decode_len=9,
+                                    max_lengths=max_lengths, ignore_eos=True)
+  np.testing.assert_array_equal(seqs[:, 0], greedy)
+  next_logprobs = _bigram_next(table)
+  for b, n in enumerate([9, 4, 1]):
+    path = list(np.asarray(greedy[b, :n]))
+    logprob = sum(next_logprobs(path[:i])[path[i]] for i in range(n))
+    np.testing.assert_allclose(scores[b, 0], logprob / _lp(n, 0.6), rtol=1e-5)
+
+
+def test_beam_size_one_equals_greedy_with_eos():
+  # Beam search keeps every finished hypothesis it meets, so beam 1 returns
+  # the best of "greedy prefix + EOS" over the steps where EOS was one of
+  # the 2 candidates (with alpha=0 it then stops, as nothing alive can do
+  # better). That is greedy's own output unless an earlier EOS was likelier.
+  rng = np.random.default_rng(2)
+  batch, max_len = 16, 10
+  tables = _random_logits(rng, (batch, _MOD, 8, 8))
+  greedy = search.greedy_search(_history_model(tables), _history_cache(batch),
+                                batch_size=batch, max_decode_len=max_len)
+  seqs, _ = search.beam_search(_history_model(tables), _history_cache(batch),
+                               batch_size=batch, beam_size=1, alpha=0.0,
+                               max_decode_len=max_len)
+  same_as_greedy = 0
+  for b in range(batch):
+    next_logprobs = _history_next(tables, b)
+    path = _greedy_np(next_logprobs, max_len)
+    assert list(np.asarray(greedy[b])) == _padded(path, max_len)
+    candidates, logprob = [], 0.0
+    for i in range(len(path)):
+      dist = next_logprobs(path[:i])
+      if EOS_ID in np.argsort(-dist)[:2]:
+        candidates.append((logprob + dist[EOS_ID], path[:i] + [EOS_ID]))
+      logprob += dist[path[i]]
+    want = max(candidates)[1] if candidates else path
+    assert list(np.asarray(seqs[b, 0])) == _padded(want, max_len), b
+    same_as_greedy += want == path
+  assert same_as_greedy >= batch // 2, "the test model should mostly agree"
+
+
+def test_per_sentence_max_lengths_are_respected():
+  rng = np.random.default_rng(3)
+  never_ends = _random_logits(rng, (10, 10), eos=False)
+  max_lengths = [1, 4, 7]
+  kwargs = dict(max_decode_len=8, max_lengths=jnp.array(max_lengths))
+  greedy = search.greedy_search(_bigram_model(never_ends), {}, batch_size=3,
+                                **kwargs)
+  sampled = search.sample(_bigram_model(never_ends), {}, jax.random.key(0),
+                          batch_size=3, **kwargs)
+  seqs, scores = search.beam_search(_bigram_model(never_ends), {},
+                                    batch_size=3, beam_size=3, alpha=0.6,
+                                    **kwargs)
+  for b, n in enumerate(max_lengths):
+    for name, out in [("greedy", greedy[b]), ("sample", sampled[b]),
+                      ("beam", seqs[b, 0])]:
+      out = np.asarray(out)
+      assert np.all(out[:n] != PAD_ID) and np.all(out[n:] == PAD_ID), (
+          f"{name}: sentence {b} should have exactly {n} tokens, got {out}")
+  # Nothing finished, so the alive beams come back, scored with lp(max).
+  next_logprobs = _bigram_next(never_ends)
+  for b, n in enumerate(max_lengths):
+    path = list(np.asarray(seqs[b, 0, :n]))
+    logprob = sum(next_logprobs(path[:i])[path[i]] for i in range(n))
+    np.testing.assert_allclose(scores[b, 0], logprob / _lp(n, 0.6), rtol=1e-5)
+    assert np.all(np.diff(np.asarray(scores[b])) <= 0), "best first"
+
+  ends = _random_logits(rng, (10, 10))
+  seqs, _ = search.beam_search(_bigram_model(ends), {}, batch_size=3,
+                               beam_size=4, alpha=0.6, **kwargs)
+  for b, n in enumerate(max_lengths):
+    assert np.all(np.asarray(seqs[b, :, n:]) == PAD_ID)
+
+
+def test_early_stopping_does_not_change_results_and_saves_steps():
+  rng = np.random.default_rng(4)
+  batch, beam, max_len = 6, 4, 40
+  tables = _random_logits(rng, (batch, _MOD, 16, 16))
+  tables[..., EOS_ID] += 1.5  # Make sentences end well before max_len.
+  steps = []
+
+  def counting_model(tokens, cache, step):
+    jax.debug.callback(lambda s: steps.append(int(s)), step)
+    return _history_model(tables)(tokens, cache, step)
+
+  results = {}
+  for early in (True, False):
+    steps.clear()
+    results[early] = search.beam_search(
+        counting_model, _history_cache(batch), batch_size=batch,
+        beam_size=beam, alpha=0.6, max_decode_len=max_len,
+        max_lengths=jnp.array([40, 35, 30, 25, 20, 15]),
+        early_stopping=early)
+    jax.block_until_ready(results[early])
+    results[early] += (len(steps),)
+  (seqs_a, scores_a, steps_a), (seqs_b, scores_b, steps_b) = (
+      results[True], results[False])
+  np.testing.assert_array_equal(seqs_a, seqs_b)
+  np.testing.assert_array_equal(scores_a, scores_b)
+  assert steps_b == 40, "without early stopping: the longest max_length"
+  assert steps_a < steps_b, "early stopping should end the loop sooner"
+  assert np.all(np.isfinite(scores_a)), "every beam should have finished"
+
+
+def test_cache_rows_follow_their_beams_with_flat_cache():
+  # The history model's distribution depends on a running sum held only in
+  # the cache: if rows were not gathered by parent beam, the beams would be
+  # scored with another beam's history and differ from exhaustive search.
+  # Here the cache is passed already flattened to batch*beam rows.
+  rng = np.random.default_rng(5)
+  tables = _random_logits(rng, (3, _MOD, 6, 6))
+  seqs, scores = search.beam_search(
+      _history_model(tables), _history_cache(3, rows=3 * 16), batch_size=3,
+      beam_size=16, alpha=0.6, max_decode_len=4)
+  for b in range(3):
+    expected = _exhaustive(_history_next(tables, b), 4, 0.6)
+    got = [list(np.asarray(s)) for s in seqs[b, :15]]
+    assert got == [_padded(s, 4) for _, s in expected], f"sentence {b}"
+
+
+def test_beam_search_runs_under_jit_with_early_termination():
+  rng = np.random.default_rng(6)
+  table = _random_logits(rng, (20, 20))
+  table[:, EOS_ID] += 2.0
+  model = _bigram_model(table)
+
+  @jax.jit
+  def decode(max_lengths):
+    return search.beam_search(model, {"unused": jnp.zeros((8,))},
+                              batch_size=2, beam_size=4, alpha=0.6,
+                              max_decode_len=12, max_lengths=max_lengths)
+
+  seqs, scores = decode(jnp.array([12, 6]))
+  assert seqs.shape == (2, 4, 12) and seqs.dtype == jnp.int32
+  assert scores.shape == (2, 4) and scores.dtype == jnp.float32
+  for b in range(2):
+    for k in range(4):
+      row = list(np.asarray(seqs[b, k]))
+      if EOS_ID in row:  # Everything after EOS is PAD; no BOS anywhere.
+        end = row.index(EOS_ID)
+        assert all(t == PAD_ID for t in row[end + 1:]), row
+      assert BOS_ID not in row
+
+
+def test_sampling_with_top_k_one_or_tiny_temperature_is_greedy():
+  rng = np.random.default_rng(7)
+  table = _random_logits(rng, (12, 12))
+  model = _bigram_model(table)
+  greedy = search.greedy_search(model, {}, batch_size=4, max_decode_len=10)
+  for kwargs in (dict(top_k=1), dict(temperature=1e-4)):
+    sampled = search.sample(model, {}, jax.random.key(3), batch_size=4,
+                            max_decode_len=10, **kwargs)
+    np.testing.assert_array_equal(sampled, greedy, err_msg=str(kwargs))
+
+
+def test_sampling_top_k_restricts_support_and_is_reproducible():
+  rng = np.random.default_rng(8)
+  table = _random_logits(rng, (12, 12), eos=False)
+  model = _bigram_model(table)
+  a = search.sample(model, {}, jax.random.key(5), batch_size=64,
+                    max_decode_len=6, top_k=2, temperature=2.0)
+  b = search.sample(model, {}, jax.random.key(5), batch_size=64,
+                    max_decode_len=6, top_k=2, temperature=2.0)
+  np.testing.assert_array_equal(a, b)
+  a = np.asarray(a)
+  prev = np.concatenate([np.full((64, 1), BOS_ID), a[:, :-1]], axis=1)
+  top2 = np.argsort(-table, axis=-1)[:, :2]
+  for p, t in zip(prev.ravel(), a.ravel()):
+    assert t in top2[p], f"token {t} after {p} is not among the top 2"
+  assert len(set(map(tuple, a))) > 1, "sampling should not be deterministic"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda m: search.beam_search(m, {}, 1, 0, 0.6, 5), "beam_size=0"),
+    (lambda m: search.beam_search(m, {}, 1, 4, -0.1, 5), "alpha=-0.1"),
+    (lambda m: search.sample(m, {}, jax.random.key(0), 1, 5,
+                             temperature=0.0), "temperature=0.0"),
+    (lambda m: search.sample(m, {}, jax.random.key(0), 1, 5, top_k=-1),
+     "top_k=-1"),
+    (lambda m: search.greedy_search(m, {}, 1, 0), "max_decode_len=0"),
+])
+def test_invalid_settings_raise_one_line_user_errors(call, message):
+  model = _bigram_model(np.zeros((6, 6), np.float32))
+  with pytest.raises(UserError, match=message) as info:
+    call(model)
+  assert "\n" not in str(info.value)
+
+
+def test_length_penalty_formula():
+  for length, alpha in itertools.product([1, 7, 50], [0.0, 0.6, 1.0]):
+    np.testing.assert_allclose(search.length_penalty(length, alpha),
+                               ((5 + length) / 6) ** alpha, rtol=1e-6)

@@ -1,0 +1,253 @@
+"""Scaled dot-product and multi-head attention (§3.2), with masks and a KV cache.
+
+Layout convention: per-head tensors are ``[batch, length, heads, depth]``;
+masks are boolean ``[batch, 1, query_len, key_len]`` where True means "may
+attend".
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer_jax.special_tokens import PAD_ID
+
+Array = jax.Array
+
+ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "cudnn")
+
+# Large negative logit for masked positions: finite, so a fully masked row
+# (a padding query) gives a uniform distribution instead of NaN.
+_MASKED_LOGIT = -1e9
+
+
+# --- Masks -------------------------------------------------------------------
+
+
+def padding_mask(key_tokens: Array) -> Array:
+  """bool[batch, 1, 1, k_len]: True where the key is not PAD.
+
+  Only keys are masked: a PAD query still gets a well-defined output (which
+  the loss ignores), so appending PAD never changes any position's result.
+  """
+  return (key_tokens != PAD_ID)[:, None, None, :]
+
+
+def causal_mask(length: int) -> Array:
+  """bool[1, 1, length, length]: position i may attend to positions <= i."""
+  positions = jnp.arange(length)
+  return (positions[None, :] <= positions[:, None])[None, None]
+
+
+def segment_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
+  """bool[batch, 1, q_len, k_len]: attend only within the same packed segment."""
+  return query_segment_ids[:, None, :, None] == key_segment_ids[:, None, None, :]
+
+
+def combine_masks(*masks: Array | None) -> Array | None:
+  """Logical AND of the masks that are not None (broadcasting)."""
+  result = None
+  for mask in masks:
+    if mask is not None:
+      result = mask if result is None else jnp.logical_and(result, mask)
+  return result
+
+
+# --- Scaled dot-product attention ------------------------------------------
+
+
+def dot_product_attention_weights(
+    query: Array, key: Array, mask: Array | None
+) -> Array:
+  """softmax(QKᵀ/√d_k + mask), float32[batch, heads, q_len, k_len].
+
+  Args:
+    query: [batch, q_len, heads, d_k].
+    key: [batch, k_len, heads, d_k].
+    mask: bool, broadcastable to [batch, heads, q_len, k_len], or None.
+  """
+  depth = query.shape[-1]
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / jnp.sqrt(depth).astype(
+      query.dtype
+  )
+  logits = logits.astype(jnp.float32)  # Softmax in float32 even under bf16.
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASKED_LOGIT)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    mask: Array | None,
+    implementation: str = "plain",
+) -> Array:
+  """Scaled dot-product attention, [batch, q_len, heads, d_v].
+
+  Args:
+    query: [batch, q_len, heads, d_k].
+    key: [batch, k_len, heads, d_k].
+    value: [batch, k_len, heads, d_v]; d_v may differ from d_k (Table 3 B).
+    mask: bool, broadcastable to [batch, heads, q_len, k_len], or None.
+    implementation: "plain" (einsum + softmax here) or "xla" / "cudnn", which
+      dispatch to the fused `jax.nn.dot_product_attention`.
+  """
+  if implementation == "plain":
+    weights = dot_product_attention_weights(query, key, mask)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+
+  # The fused kernel needs one head depth for Q, K and V. Zero-padding Q and K
+  # leaves QKᵀ unchanged; the scale stays 1/√d_k; padded V columns are cut.
+  d_k, d_v = query.shape[-1], value.shape[-1]
+  depth = max(d_k, d_v)
+  pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, depth - x.shape[-1])])
+  if mask is not None:
+    mask = jnp.broadcast_to(
+        mask, (query.shape[0], 1, query.shape[1], key.shape[1])
+    )
+  out = jax.nn.dot_product_attention(
+      pad(query),
+      pad(key),
+      pad(value),
+      mask=mask,
+      scale=float(d_k) ** -0.5,
+      implementation=implementation if implementation == "cudnn" else "xla",
+  )
+  return out[..., :d_v]
+
+
+# --- Multi-head attention -----------------------------------------------------
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O  (§3.2.2).
+
+  Attributes:
+    num_heads: h.
+    d_k: query/key depth per head.
+    d_v: value depth per head.
+    d_model: output width.
+    dropout_rate: dropout on the attention weights (0 in the paper).
+    implementation: see `dot_product_attention`.
+    dtype: compute dtype; parameters are float32.
+  """
+
+  num_heads: int
+  d_k: int
+  d_v: int
+  d_model: int
+  dropout_rate: float = 0.0
+  implementation: str = "plain"
+  dtype: jnp.dtype = jnp.float32
+
+  def _projection(self, depth: int, name: str) -> nn.DenseGeneral:
+    return nn.DenseGeneral(
+        features=(self.num_heads, depth),
+        axis=-1,
+        dtype=self.dtype,
+        use_bias=False,
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(),
+            ("embed", "heads", "kv"),
+        ),
+        name=name,
+    )
+
+  @nn.compact
+  def __call__(
+      self,
+      inputs_q: Array,
+      inputs_kv: Array | None,
+      mask: Array | None,
+      train: bool = False,
+      decode: bool = False,
+      cross_attention: bool = False,
+  ) -> Array:
+    """Attends from `inputs_q` to `inputs_kv`.
+
+    Args:
+      inputs_q: [batch, q_len, d_model].
+      inputs_kv: [batch, kv_len, d_model]; None only for cached cross-attention
+        steps, whose keys and values were stored when the cache was made.
+      mask: bool [batch, 1, q_len, kv_len] or None.
+      train: enables attention dropout.
+      decode: incremental decoding with the "cache" collection. Self-attention
+        (q_len == 1) appends this step's key/value at `cache_index`; cross-
+        attention computes its keys and values once, when the cache is made.
+      cross_attention: whether keys/values come from the encoder.
+
+    Returns:
+      [batch, q_len, d_model].
+    """
+    query = self._projection(self.d_k, "query")(inputs_q)
+    key_projection = self._projection(self.d_k, "key")
+    value_projection = self._projection(self.d_v, "value")
+
+    if decode and cross_attention:
+      # Computed once per sentence, on the call that creates the cache.
+      key = self.variable("cache", "cross_key", key_projection, inputs_kv).value
+      value = self.variable(
+          "cache", "cross_value", value_projection, inputs_kv
+      ).value
+    else:
+      key = key_projection(inputs_kv)
+      value = value_projection(inputs_kv)
+
+    if decode and not cross_attention:
+      key, value, mask = self._update_self_attention_cache(key, value, mask)
+
+    query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+    if self.implementation == "plain":
+      weights = dot_product_attention_weights(query, key, mask)
+      # Kept for attention heat-maps: apply(..., mutable=["intermediates"]).
+      self.sow("intermediates", "attention_weights", weights)
+      if self.dropout_rate > 0.0 and train:
+        weights = nn.Dropout(rate=self.dropout_rate, deterministic=False)(weights)
+      attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    else:
+      attended = dot_product_attention(query, key, value, mask, self.implementation)
+    return nn.DenseGeneral(
+        features=self.d_model,
+        axis=(-2, -1),
+        dtype=self.dtype,
+        use_bias=False,
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(),
+            ("heads", "kv", "embed"),
+        ),
+        name="out",
+    )(attended)
+
+  def _update_self_attention_cache(
+      self, key: Array, value: Array, mask: Array | None
+  ) -> tuple[Array, Array, Array | None]:
+    """Writes this step's key/value into the static-shape cache.
+
+    The first call (which creates the cache) takes the full target length
+    from `key` to size the cache and leaves it empty; later calls take one
+    token each and attend over positions <= cache_index.
+    """
+    is_initialized = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable(
+        "cache", "cached_value", jnp.zeros, value.shape, value.dtype
+    )
+    cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not is_initialized:
+      return key, value, mask
+    if key.shape[1] != 1:
+      raise ValueError(f"incremental decoding takes one token a step, got {key.shape[1]}")
+    index = cache_index.value
+    max_length = cached_key.value.shape[1]
+    cached_key.value = jax.lax.dynamic_update_slice_in_dim(
+        cached_key.value, key.astype(cached_key.value.dtype), index, axis=1
+    )
+    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
+        cached_value.value, value.astype(cached_value.value.dtype), index, axis=1
+    )
+    cache_index.value = index + 1
+    # The single query may see cache slots 0..index and nothing later.
+    step_mask = (jnp.arange(max_length) <= index)[None, None, None, :]
+    return cached_key.value, cached_value.value, combine_masks(mask, step_mask)

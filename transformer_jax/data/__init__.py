@@ -1,0 +1,1 @@
+"""Datasets, tokenizer and batching."""

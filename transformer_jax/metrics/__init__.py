@@ -1,0 +1,1 @@
+"""Translation metrics (BLEU, chrF)."""

@@ -1,0 +1,62 @@
+"""Positional encodings (§3.5): sinusoids, or learned embeddings (Table 3 E)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+Array = jax.Array
+
+POSITION_KINDS = ("sinusoidal", "learned", "none")
+
+
+def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
+  """PE(pos, 2i) = sin(pos/10000^(2i/d)), PE(pos, 2i+1) = cos(pos/10000^(2i/d)).
+
+  Args:
+    positions: int[..., length], the absolute position of each token.
+    d_model: encoding width (even).
+
+  Returns:
+    float32[..., length, d_model], sines in even and cosines in odd channels.
+  """
+  two_i = np.arange(0, d_model, 2, dtype=np.float32)
+  inverse_frequency = jnp.asarray(1.0 / (10000.0 ** (two_i / d_model)))
+  angles = positions.astype(jnp.float32)[..., None] * inverse_frequency
+  encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  return encoding.reshape(*angles.shape[:-1], d_model)
+
+
+class PositionalEncoding(nn.Module):
+  """Adds position information to token embeddings.
+
+  Attributes:
+    kind: "sinusoidal" (the paper), "learned" or "none".
+    d_model: embedding width.
+    max_len: number of learned positions (only for "learned").
+  """
+
+  kind: str
+  d_model: int
+  max_len: int
+
+  @nn.compact
+  def __call__(self, embeddings: Array, positions: Array) -> Array:
+    """embeddings: [batch, length, d_model]; positions: int[batch, length]."""
+    if self.kind == "none":
+      return embeddings
+    if self.kind == "sinusoidal":
+      encoding = sinusoidal_encoding(positions, self.d_model)
+    else:
+      table = self.param(
+          "position_embedding",
+          nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=self.d_model**-0.5),
+              (None, "embed"),
+          ),
+          (self.max_len, self.d_model),
+      )
+      encoding = jnp.take(table, positions, axis=0)
+    return embeddings + encoding.astype(embeddings.dtype)

@@ -1,0 +1,333 @@
+"""Model-agnostic decoding: beam search, greedy search and sampling.
+
+Pure JAX, built on `jax.lax.while_loop`, so each function can be traced
+inside `jax.jit` (with every Python argument static). The model is seen only
+through one function:
+
+  tokens_to_logits(tokens: int32[rows, 1], cache: PyTree, step: int32[])
+      -> (logits: float[rows, vocab], new_cache: PyTree)
+
+`tokens` are the previous output tokens (`bos_id` at `step == 0`) and `step`
+is their position. Every cache leaf has leading dimension `rows`: batch for
+greedy search and sampling, batch*beam for beam search, beam-major within a
+batch item (row = b*beam + k). Leaves of rank 0 (e.g. a shared step counter)
+are passed through unchanged.
+
+Outputs hold the generated tokens without BOS, up to and including EOS, and
+PAD after it; a sentence ends at EOS or after `max_lengths[b]` tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.errors import UserError
+from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+PyTree = Any
+TokensToLogits = Callable[[jax.Array, PyTree, jax.Array],
+                          tuple[jax.Array, PyTree]]
+
+
+def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
+  """GNMT length penalty lp = ((5 + length) / 6) ** alpha (paper §6.1).
+
+  `length` counts the generated tokens including EOS. A finished hypothesis
+  scores log P(y | x) / lp.
+  """
+  return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, alpha)
+
+
+def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
+  """Repeats each row of every leaf `beam_size` times: [b, ...] -> [b*beam, ...].
+
+  Row b*beam + k is beam k of batch item b. Rank-0 leaves are left as is.
+  """
+  return jax.tree_util.tree_map(
+      lambda x: x if jnp.ndim(x) == 0 else jnp.repeat(x, beam_size, axis=0),
+      tree)
+
+
+def _validate(max_decode_len: int, beam_size: int = 1, alpha: float = 0.0,
+              temperature: float = 1.0, top_k: int = 0) -> None:
+  """Raises `UserError` for decoding settings that cannot work."""
+  if int(max_decode_len) < 1:
+    raise UserError(f"max_decode_len={max_decode_len} must be at least 1")
+  if int(beam_size) < 1:
+    raise UserError(f"beam_size={beam_size} must be at least 1 "
+                    "(the paper uses 4)")
+  if float(alpha) < 0:
+    raise UserError(f"alpha={alpha} must be >= 0 (0 disables the length "
+                    "penalty; the paper uses 0.6)")
+  if not float(temperature) > 0:
+    raise UserError(f"temperature={temperature} must be > 0 "
+                    "(use greedy_search for temperature 0)")
+  if int(top_k) < 0:
+    raise UserError(f"top_k={top_k} must be >= 0 (0 samples from the whole "
+                    "vocabulary)")
+
+
+def _max_lengths(max_lengths: jax.Array | None, batch_size: int,
+                 max_decode_len: int) -> jax.Array:
+  """int32[batch] per-sentence limits, clipped to `max_decode_len`."""
+  if max_lengths is None:
+    return jnp.full((batch_size,), max_decode_len, jnp.int32)
+  max_lengths = jnp.asarray(max_lengths, jnp.int32)
+  if max_lengths.shape != (batch_size,):
+    raise UserError(f"max_lengths has shape {max_lengths.shape}, expected "
+                    f"({batch_size},): one limit per sentence")
+  return jnp.minimum(max_lengths, max_decode_len)
+
+
+# --------------------------------------------------------------------------
+# Beam search.
+
+
+class _BeamState(NamedTuple):
+  step: jax.Array  # int32[]: tokens generated so far.
+  alive_seqs: jax.Array  # int32[batch, beam, max_decode_len], no EOS.
+  alive_logprobs: jax.Array  # float32[batch, beam], best first; -inf: empty.
+  finished_seqs: jax.Array  # int32[batch, beam, max_decode_len], end in EOS.
+  finished_scores: jax.Array  # float32[batch, beam], best first; -inf: empty.
+  done: jax.Array  # bool[batch]: the sentence's beams are final.
+  cache: PyTree  # leaves [batch*beam, ...], row b*beam + k for alive beam k.
+
+
+def beam_search(tokens_to_logits: TokensToLogits,
+                cache: PyTree,
+                batch_size: int,
+                beam_size: int,
+                alpha: float,
+                max_decode_len: int,
+                max_lengths: jax.Array | None = None,
+                eos_id: int = EOS_ID,
+                bos_id: int = BOS_ID,
+                ignore_eos: bool = False,
+                early_stopping: bool = True) -> tuple[jax.Array, jax.Array]:
+  """Beam search with the GNMT length penalty (paper §6.1), best first.
+
+  Each step extends the alive beams, keeps the 2*beam best candidates, moves
+  those ending in EOS to the finished set (scored log P / lp(length)) and
+  keeps the `beam_size` best others alive, gathering the cache rows of
+  their parent beams.
+
+  Args:
+    tokens_to_logits: the model step (see module docstring).
+    cache: PyTree whose leaves have leading dimension batch*beam (or batch,
+      in which case each row is repeated for the beams).
+    batch_size: number of sentences.
+    beam_size: beams per sentence (the paper uses 4).
+    alpha: length penalty exponent, >= 0 (the paper uses 0.6).
+    max_decode_len: static length of the output arrays.
+    max_lengths: int32[batch] most tokens (EOS included) per sentence, e.g.
+      source length + 50 (§6.1); defaults to `max_decode_len`.
+    eos_id, bos_id: special token ids.
+    ignore_eos: EOS is an ordinary token and nothing finishes: every
+      sentence decodes exactly `max_lengths[b]` tokens (for benchmarks).
+    early_stopping: stop a sentence once no alive beam can beat its
+      `beam_size`-th finished one. The bound divides the best alive
+      log-probability by the largest possible penalty lp(max_lengths[b]),
+      which is exact because log-probabilities only fall and lp grows with
+      length (alpha >= 0). Results equal those with `early_stopping=False`.
+
+  Returns:
+    sequences: int32[batch, beam, max_decode_len], tokens after EOS are PAD.
+    scores: float32[batch, beam], log P / lp(length), descending. A sentence
+      that finished nothing by its maximum length returns its alive beams
+      (scored with lp(max_lengths[b])); finished slots that stay empty have
+      score -inf and an all-PAD sequence.
+  """
+  _validate(max_decode_len, beam_size=beam_size, alpha=alpha)
+  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+  rows = batch_size * beam_size
+
+  def expand(x):
+    if jnp.ndim(x) == 0 or x.shape[0] == rows:
+      return x
+    if x.shape[0] == batch_size:
+      return jnp.repeat(x, beam_size, axis=0)
+    raise ValueError(f"cache leaf with shape {x.shape} has neither "
+                     f"batch*beam={rows} nor batch={batch_size} rows")
+
+  neg_inf = jnp.float32(-jnp.inf)
+  seqs0 = jnp.full((batch_size, beam_size, max_decode_len), PAD_ID, jnp.int32)
+  # Only beam 0 is live at first, so the first step does not pick duplicates.
+  logprobs0 = jnp.where(jnp.arange(beam_size) == 0, 0.0, neg_inf)
+  state = _BeamState(
+      step=jnp.int32(0),
+      alive_seqs=seqs0,
+      alive_logprobs=jnp.broadcast_to(logprobs0, (batch_size, beam_size)),
+      finished_seqs=seqs0,
+      finished_scores=jnp.full((batch_size, beam_size), neg_inf),
+      done=max_lengths <= 0,
+      cache=jax.tree_util.tree_map(expand, cache))
+
+  def cond_fn(s: _BeamState) -> jax.Array:
+    return (s.step < max_decode_len) & ~jnp.all(s.done)
+
+  def body_fn(s: _BeamState) -> _BeamState:
+    t = s.step
+    prev = jax.lax.dynamic_index_in_dim(
+        s.alive_seqs, jnp.maximum(t - 1, 0), axis=2, keepdims=False)
+    tokens = jnp.where(t == 0, jnp.int32(bos_id), prev)  # [batch, beam]
+    logits, cache = tokens_to_logits(tokens.reshape(rows, 1), s.cache, t)
+    vocab = logits.shape[-1]
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logprobs = logprobs.reshape(batch_size, beam_size, vocab)
+    candidates = (s.alive_logprobs[:, :, None] + logprobs).reshape(
+        batch_size, beam_size * vocab)
+
+    # 2*beam candidates leave at least `beam` that do not end in EOS.
+    num_candidates = min(2 * beam_size, beam_size * vocab)
+    top_logprobs, top_index = jax.lax.top_k(candidates, num_candidates)
+    top_parent = top_index // vocab  # [batch, 2*beam]
+    top_token = top_index % vocab
+    top_seqs = jnp.take_along_axis(s.alive_seqs, top_parent[:, :, None], 1)
+    top_seqs = top_seqs.at[:, :, t].set(top_token)
+    valid = top_logprobs > neg_inf
+    if ignore_eos:
+      ends = jnp.zeros_like(valid)
+    else:
+      ends = top_token == eos_id
+
+    # Alive: the best `beam` candidates that did not end.
+    alive_logprobs, alive_index = jax.lax.top_k(
+        jnp.where(ends, neg_inf, top_logprobs), beam_size)
+    alive_seqs = jnp.take_along_axis(top_seqs, alive_index[:, :, None], 1)
+    parent = jnp.take_along_axis(top_parent, alive_index, 1)  # [batch, beam]
+    rows_index = (jnp.arange(batch_size)[:, None] * beam_size
+                  + parent).reshape(rows)
+    cache = jax.tree_util.tree_map(
+        lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows_index, axis=0),
+        cache)
+
+    # Finished: merge the old set with this step's EOS candidates. Old ones
+    # come first, so ties keep the earlier hypothesis.
+    new_scores = jnp.where(ends & valid,
+                           top_logprobs / length_penalty(t + 1, alpha),
+                           neg_inf)
+    finished_scores, finished_index = jax.lax.top_k(
+        jnp.concatenate([s.finished_scores, new_scores], axis=1), beam_size)
+    finished_seqs = jnp.take_along_axis(
+        jnp.concatenate([s.finished_seqs, top_seqs], axis=1),
+        finished_index[:, :, None], 1)
+
+    # Sentences already done keep their beams (their cache rows keep
+    # running, but nothing reads their logits).
+    def keep(old, new):
+      mask = s.done.reshape((batch_size,) + (1,) * (old.ndim - 1))
+      return jnp.where(mask, old, new)
+
+    alive_seqs = keep(s.alive_seqs, alive_seqs)
+    alive_logprobs = keep(s.alive_logprobs, alive_logprobs)
+    finished_seqs = keep(s.finished_seqs, finished_seqs)
+    finished_scores = keep(s.finished_scores, finished_scores)
+
+    done = s.done | (t + 1 >= max_lengths)
+    if early_stopping and not ignore_eos:
+      best_possible = alive_logprobs[:, 0] / length_penalty(max_lengths, alpha)
+      done |= finished_scores[:, -1] > best_possible
+    return _BeamState(t + 1, alive_seqs, alive_logprobs, finished_seqs,
+                      finished_scores, done, cache)
+
+  state = jax.lax.while_loop(cond_fn, body_fn, state)
+
+  any_finished = state.finished_scores[:, 0] > neg_inf  # [batch]
+  alive_scores = state.alive_logprobs / length_penalty(
+      max_lengths, alpha)[:, None]
+  sequences = jnp.where(any_finished[:, None, None], state.finished_seqs,
+                        state.alive_seqs)
+  scores = jnp.where(any_finished[:, None], state.finished_scores,
+                     alive_scores)
+  sequences = jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID)
+  return sequences, scores
+
+
+# --------------------------------------------------------------------------
+# Greedy search and sampling: one token per step.
+
+
+def _decode_one_per_step(
+    tokens_to_logits: TokensToLogits, cache: PyTree, rng: jax.Array,
+    choose: Callable[[jax.Array, jax.Array], jax.Array], batch_size: int,
+    max_decode_len: int, max_lengths: jax.Array | None, eos_id: int,
+    bos_id: int, ignore_eos: bool) -> jax.Array:
+  """Decodes with `choose(logits[batch, vocab], rng) -> int32[batch]`."""
+  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+
+  def cond_fn(s):
+    step, _, _, done, _ = s
+    return (step < max_decode_len) & ~jnp.all(done)
+
+  def body_fn(s):
+    step, seqs, last, done, cache = s
+    logits, cache = tokens_to_logits(last[:, None], cache, step)
+    token = choose(logits.astype(jnp.float32), jax.random.fold_in(rng, step))
+    token = jnp.where(done, PAD_ID, token.astype(jnp.int32))
+    seqs = seqs.at[:, step].set(token)
+    done = done | (step + 1 >= max_lengths)
+    if not ignore_eos:
+      done |= token == eos_id
+    return step + 1, seqs, token, done, cache
+
+  state = (jnp.int32(0),
+           jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
+           jnp.full((batch_size,), bos_id, jnp.int32),
+           max_lengths <= 0,
+           cache)
+  return jax.lax.while_loop(cond_fn, body_fn, state)[1]
+
+
+def greedy_search(tokens_to_logits: TokensToLogits,
+                  cache: PyTree,
+                  batch_size: int,
+                  max_decode_len: int,
+                  max_lengths: jax.Array | None = None,
+                  eos_id: int = EOS_ID,
+                  bos_id: int = BOS_ID,
+                  ignore_eos: bool = False) -> jax.Array:
+  """Greedy decoding: int32[batch, max_decode_len], PAD after EOS.
+
+  The cache leaves have leading dimension batch. The loop stops as soon as
+  every sentence has emitted EOS or reached `max_lengths[b]` tokens;
+  `ignore_eos=True` decodes exactly `max_lengths[b]` tokens.
+  """
+  _validate(max_decode_len)
+  choose = lambda logits, rng: jnp.argmax(logits, axis=-1)
+  return _decode_one_per_step(tokens_to_logits, cache, jax.random.key(0),
+                              choose, batch_size, max_decode_len, max_lengths,
+                              eos_id, bos_id, ignore_eos)
+
+
+def sample(tokens_to_logits: TokensToLogits,
+           cache: PyTree,
+           rng: jax.Array,
+           batch_size: int,
+           max_decode_len: int,
+           max_lengths: jax.Array | None = None,
+           temperature: float = 1.0,
+           top_k: int = 0,
+           eos_id: int = EOS_ID,
+           bos_id: int = BOS_ID,
+           ignore_eos: bool = False) -> jax.Array:
+  """Ancestral sampling: int32[batch, max_decode_len], PAD after EOS.
+
+  Samples from softmax(logits / temperature), restricted to the `top_k`
+  most likely tokens when `top_k` > 0. The cache leaves have leading
+  dimension batch.
+  """
+  _validate(max_decode_len, temperature=temperature, top_k=top_k)
+
+  def choose(logits, key):
+    logits = logits / temperature
+    if top_k:
+      kth = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][:, -1:]
+      logits = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(key, logits, axis=-1)
+
+  return _decode_one_per_step(tokens_to_logits, cache, rng, choose,
+                              batch_size, max_decode_len, max_lengths, eos_id,
+                              bos_id, ignore_eos)

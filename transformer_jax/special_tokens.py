@@ -1,0 +1,11 @@
+"""The reserved token ids, defined once for the whole package.
+
+The SentencePiece vocabulary is trained with exactly these ids
+(``pad_id=0, unk_id=1, bos_id=2, eos_id=3``), so model masks, the data
+pipeline and the decoder all agree.
+"""
+
+PAD_ID = 0  # Masks everywhere are derived from ``tokens != PAD_ID``.
+UNK_ID = 1
+BOS_ID = 2  # Shifted into the decoder input at position 0.
+EOS_ID = 3  # Appended to every source and target sentence.
