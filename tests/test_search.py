@@ -30,6 +30,12 @@ def _lp(length: int, alpha: float) -> float:
   return ((5.0 + length) / 6.0) ** alpha
 
 
+def _log(probs: np.ndarray) -> np.ndarray:
+  """float32 log-probabilities, -inf where the probability is 0."""
+  with np.errstate(divide="ignore"):
+    return np.log(probs).astype(np.float32)
+
+
 def _random_logits(rng, shape, eos=True, scale=2.0) -> np.ndarray:
   """float32 logits; PAD, UNK and BOS are impossible, EOS optionally too."""
   logits = rng.normal(size=shape).astype(np.float32) * scale
@@ -153,11 +159,11 @@ def test_beam_search_equals_exhaustive_search_when_beam_covers_everything(
 
 def test_beam_search_finds_better_sequence_than_greedy():
   # P(4 EOS) = .5 * .4 = .2 but P(5 EOS) = .4 * .9 = .36: greedy takes 4.
-  probs = np.full((6, 6), 1e-30)
+  probs = np.zeros((6, 6))
   probs[BOS_ID, [4, 5, EOS_ID]] = [.5, .4, .1]
   probs[4, [EOS_ID, 4, 5]] = [.4, .3, .3]
   probs[5, [EOS_ID, 4, 5]] = [.9, .05, .05]
-  table = np.log(probs).astype(np.float32)
+  table = _log(probs)
   model = _bigram_model(table)
   best = _exhaustive(_bigram_next(table), 6, alpha=0.0)[0]
   assert best[1] == [5, EOS_ID]
@@ -176,14 +182,14 @@ def test_length_penalty_reorders_short_and_long_hypotheses():
   # -0.857 < -0.8, so B first. Token 5 soaks up the rest of the mass.
   c = np.exp(-1.2) / .45  # P(6 7 8 EOS | BOS 6) = c, split over 3 steps.
   step = c ** (1 / 3)
-  probs = np.full((9, 9), 1e-30)
+  probs = np.zeros((9, 9))
   probs[BOS_ID, [4, 6, 5]] = [.5, .45, .05]
   probs[4, [EOS_ID, 5]] = [np.exp(-1.0) / .5, 1 - np.exp(-1.0) / .5]
   probs[5, [5, EOS_ID]] = [.5, .5]
   probs[6, [7, 5]] = [step, 1 - step]
   probs[7, [8, 5]] = [step, 1 - step]
   probs[8, [EOS_ID, 5]] = [step, 1 - step]
-  table = np.log(probs).astype(np.float32)
+  table = _log(probs)
   a, b = [4, EOS_ID], [6, 7, 8, EOS_ID]
   for alpha, order in [(0.0, [a, b]), (1.0, [b, a])]:
     seqs, scores = search.beam_search(_bigram_model(table), {}, batch_size=1,

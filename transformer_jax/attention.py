@@ -142,18 +142,19 @@ class MultiHeadAttention(nn.Module):
   implementation: str = "plain"
   dtype: jnp.dtype = jnp.float32
 
-  def _projection(self, depth: int, name: str) -> nn.DenseGeneral:
-    return nn.DenseGeneral(
-        features=(self.num_heads, depth),
-        axis=-1,
-        dtype=self.dtype,
-        use_bias=False,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(),
-            ("embed", "heads", "kv"),
-        ),
-        name=name,
+  def _kernel(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], fan_in: tuple) -> Array:
+    """A float32 projection matrix, Glorot-uniform over its (in, out) axes."""
+    fan_out = tuple(i for i in range(len(shape)) if i not in fan_in)
+    init = nn.initializers.variance_scaling(
+        1.0, "fan_avg", "uniform", in_axis=fan_in, out_axis=fan_out
     )
+    kernel = self.param(name, nn.with_logical_partitioning(init, axes), shape)
+    return jnp.asarray(kernel, self.dtype)
+
+  def _project(self, inputs: Array, depth: int, name: str) -> Array:
+    """[batch, length, d_model] -> [batch, length, heads, depth]."""
+    kernel = self._kernel(name, (self.d_model, self.num_heads, depth), ("embed", "heads", "kv"), (0,))
+    return jnp.einsum("bld,dhk->blhk", inputs.astype(self.dtype), kernel)
 
   @nn.compact
   def __call__(
@@ -181,19 +182,16 @@ class MultiHeadAttention(nn.Module):
     Returns:
       [batch, q_len, d_model].
     """
-    query = self._projection(self.d_k, "query")(inputs_q)
-    key_projection = self._projection(self.d_k, "key")
-    value_projection = self._projection(self.d_v, "value")
+    query = self._project(inputs_q, self.d_k, "query")
+    project_key = lambda inputs: self._project(inputs, self.d_k, "key")
+    project_value = lambda inputs: self._project(inputs, self.d_v, "value")
 
     if decode and cross_attention:
       # Computed once per sentence, on the call that creates the cache.
-      key = self.variable("cache", "cross_key", key_projection, inputs_kv).value
-      value = self.variable(
-          "cache", "cross_value", value_projection, inputs_kv
-      ).value
+      key = self.variable("cache", "cross_key", project_key, inputs_kv).value
+      value = self.variable("cache", "cross_value", project_value, inputs_kv).value
     else:
-      key = key_projection(inputs_kv)
-      value = value_projection(inputs_kv)
+      key, value = project_key(inputs_kv), project_value(inputs_kv)
 
     if decode and not cross_attention:
       key, value, mask = self._update_self_attention_cache(key, value, mask)
@@ -208,17 +206,10 @@ class MultiHeadAttention(nn.Module):
       attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
     else:
       attended = dot_product_attention(query, key, value, mask, self.implementation)
-    return nn.DenseGeneral(
-        features=self.d_model,
-        axis=(-2, -1),
-        dtype=self.dtype,
-        use_bias=False,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(),
-            ("heads", "kv", "embed"),
-        ),
-        name="out",
-    )(attended)
+    output_kernel = self._kernel(
+        "out", (self.num_heads, self.d_v, self.d_model), ("heads", "kv", "embed"), (0, 1)
+    )
+    return jnp.einsum("blhk,hkd->bld", attended, output_kernel)
 
   def _update_self_attention_cache(
       self, key: Array, value: Array, mask: Array | None

@@ -11,12 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app
-from ml_collections import config_flags
 
-from transformer_jax.errors import exit_on_user_error
+from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.model import Transformer
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
 
 
 def abstract_params(model_config) -> dict:
@@ -49,12 +46,14 @@ def format_counts(counts: dict[str, int]) -> str:
 @exit_on_user_error
 def main(argv):
   del argv
-  from transformer_jax.errors import UserError
+  from transformer_jax import cli
 
-  if _CONFIG.value is None:
+  if cli.FLAGS.config is None:
     raise UserError("--config is required, e.g. --config=experiments/configs/wmt14_base.py")
-  print(format_counts(parameter_counts(abstract_params(_CONFIG.value.model))))
+  print(format_counts(parameter_counts(abstract_params(cli.FLAGS.config.model))))
 
 
 if __name__ == "__main__":
+  from transformer_jax import cli  # noqa: F401  (defines the flags)
+
   app.run(main)

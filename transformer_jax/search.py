@@ -42,7 +42,7 @@ def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
 
 
 def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
-  """Repeats each row of every leaf `beam_size` times: [b, ...] -> [b*beam, ...].
+  """Repeats each leaf row `beam_size` times: [b, ...] -> [b*beam, ...].
 
   Row b*beam + k is beam k of batch item b. Rank-0 leaves are left as is.
   """

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 from typing import Iterator, Sequence
 
@@ -31,9 +32,9 @@ from transformer_jax.errors import UserError
 
 def ragged(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
   """(flat int32[total], offsets int64[len(seqs) + 1]) of id sequences."""
-  lengths = np.fromiter((len(s) for s in seqs), np.int64, len(seqs))
+  lengths = np.fromiter(map(len, seqs), np.int64, len(seqs))
   offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-  flat = np.fromiter((t for s in seqs for t in s), np.int32, int(offsets[-1]))
+  flat = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, int(offsets[-1]))
   return flat, offsets
 
 

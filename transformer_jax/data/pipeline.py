@@ -104,28 +104,36 @@ def resolve_data_config(data_config: Mapping[str, Any] | None) -> ml_collections
 
 
 class TranslationData:
-  """Tokenized splits in memory, the tokenizer, and batch iterators."""
+  """Tokenized splits in memory, the tokenizer, and batch iterators.
 
-  def __init__(self, config: ml_collections.ConfigDict, tokenizer, splits,
-               split_names: tuple[str, str, str], reader, filtered: dict[str, int]):
+  `split_sizes` counts every pair of each loaded split (what BLEU scores);
+  training uses `train`, those of the train split that survived filtering
+  (`filtered` counts the dropped: {'empty': n, 'too_long': n}).
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer,
+               splits: dict[str, batching.TokenizedSplit],
+               train: batching.TokenizedSplit, split_names: tuple,
+               split_sizes: dict[str, int], reader, filtered: dict[str, int]):
     self.config = config
     self.tokenizer = tokenizer
-    self._splits: dict[str, batching.TokenizedSplit] = splits
+    self._splits = splits  # Unfiltered eval/test splits.
+    self.train = train
     self.train_split, self.eval_split, self.test_split = split_names
+    self.split_sizes = split_sizes
+    self.filtered = filtered
     self._reader = reader  # split -> (source_texts, target_texts)
     self._texts: dict[str, tuple[list[str], list[str]]] = {}
     self._eval_plans: dict[tuple, list] = {}
-    self.filtered = filtered  # {'empty': n, 'too_long': n} dropped from train.
-
-  @property
-  def split_sizes(self) -> dict[str, int]:
-    """Pairs per split (train after filtering)."""
-    return {name: len(s) for name, s in self._splits.items()}
 
   def split(self, name: str) -> batching.TokenizedSplit:
-    if name not in self._splits:
-      raise UserError(f"split {name!r} is not loaded; loaded: {sorted(self._splits)}")
-    return self._splits[name]
+    """Token ids of every pair of an eval/test split (the filtered train one
+    if `name` is only the train split)."""
+    if name in self._splits:
+      return self._splits[name]
+    if name == self.train_split:
+      return self.train
+    raise UserError(f"split {name!r} is not loaded; loaded: {sorted(self.split_sizes)}")
 
   def texts(self, split: str) -> tuple[list[str], list[str]]:
     """(source, reference) strings of every line of `split`, for BLEU."""
@@ -137,7 +145,7 @@ class TranslationData:
                      process_count: int = 1) -> batching.TrainIterator:
     c = self.config
     it = batching.TrainIterator(
-        self.split(self.train_split), seed=c.seed, tokens_per_batch=c.tokens_per_batch,
+        self.train, seed=c.seed, tokens_per_batch=c.tokens_per_batch,
         boundaries=c.bucket_boundaries, max_len=c.max_len, pack=c.pack,
         batch_multiple=batch_multiple, process_index=process_index,
         process_count=process_count)
@@ -171,11 +179,15 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
   cfg = resolve_data_config(data_config)
   root = text_files.resolve_prepared_dir(cfg.prepared_dir)
   prepared = builders.prepare(cfg, root / "tfds")
-  names = builders.split_names(cfg)
-  for name in names:
+  names = list(builders.split_names(cfg))
+  for i, (name, key) in enumerate(zip(names, ("train_split", "eval_split", "test_split"))):
     if name not in prepared.splits:
+      if i > 0 and cfg[key] is None:  # A default eval/test split may be absent.
+        logging.info("%s has no %s split %r; not loaded", cfg.dataset, key[:-6], name)
+        names[i] = None
+        continue
       raise UserError(f"{cfg.dataset} has no split {name!r}; it has "
-                      f"{', '.join(prepared.splits)}")
+                      f"{', '.join(prepared.splits)}; set data.{key}")
   texts: dict[str, tuple[list[str], list[str]]] = {}
 
   def read(split: str) -> tuple[list[str], list[str]]:
@@ -191,25 +203,26 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
   tok = tokenizer_lib.cached_tokenizer(
       root / "tokenizers", prepared.key, cfg.vocab_size, cfg.tokenizer_type,
       training_text)
-  splits = {}
-  for name in dict.fromkeys(names):  # Unique, in order.
-    splits[name] = _tokenized(root / "tokenized", prepared, tok, name, read)
-  train, filtered = _filter_train(splits[names[0]], cfg.max_len)
-  splits[names[0]] = train
+  splits = {name: _tokenized(root / "tokenized", prepared, tok, name, read)
+            for name in dict.fromkeys(names[1:]) if name is not None}
+  train, filtered = _filter_train(
+      splits.get(names[0]) or _tokenized(root / "tokenized", prepared, tok, names[0], read),
+      cfg.max_len)
+  sizes = {n: prepared.splits[n] for n in names if n is not None}
   logging.info(
-      "%s: %s pairs; dropped from %s: %d empty, %d longer than max_len=%d",
-      prepared.key, ", ".join(f"{n} {len(s)}" for n, s in splits.items()),
-      names[0], filtered["empty"], filtered["too_long"], cfg.max_len)
+      "%s: %s pairs; %d of %s used for training: dropped %d empty, %d longer than "
+      "max_len=%d", prepared.key, ", ".join(f"{n} {k}" for n, k in sizes.items()),
+      len(train), names[0], filtered["empty"], filtered["too_long"], cfg.max_len)
   if len(train) == 0:
     raise UserError(f"all training pairs were dropped ({filtered['empty']} empty, "
                     f"{filtered['too_long']} longer than max_len={cfg.max_len}); "
                     "raise data.max_len or check the data")
-  eval_texts = {n: t for n, t in texts.items() if n != names[0]}  # Keep small ones.
+  eval_texts = {n: t for n, t in texts.items() if n in splits}  # Keep small ones.
 
   def reader(split: str) -> tuple[list[str], list[str]]:
     return eval_texts[split] if split in eval_texts else prepared.read(split)
 
-  return TranslationData(cfg, tok, splits, names, reader, filtered)
+  return TranslationData(cfg, tok, splits, train, tuple(names), sizes, reader, filtered)
 
 
 def _tokenized(cache_dir: Path, prepared, tok, split: str, read) -> batching.TokenizedSplit:

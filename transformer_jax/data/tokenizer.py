@@ -9,6 +9,7 @@ check that it is decoded with the vocabulary it was trained with.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 import re
@@ -113,20 +114,23 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, model_type: str,
   path = Path(model_path)
   path.parent.mkdir(parents=True, exist_ok=True)
   lines = (t for t in texts if t.strip())
-  with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-    prefix = os.path.join(tmp, "spm")
-    try:
-      spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(lines), model_prefix=prefix,
-          vocab_size=vocab_size, model_type=model_type,
-          character_coverage=1.0, pad_id=special_tokens.PAD_ID,
-          unk_id=special_tokens.UNK_ID, bos_id=special_tokens.BOS_ID,
-          eos_id=special_tokens.EOS_ID, input_sentence_size=_MAX_TRAINING_SENTENCES,
-          shuffle_input_sentence=True, num_threads=os.cpu_count() or 1,
-          minloglevel=2)
-    except RuntimeError as e:
-      raise _training_error(str(e), vocab_size) from None
-    os.replace(prefix + ".model", path)
+  model = io.BytesIO()  # Not model_prefix: the model file would record the path.
+  spm.set_random_generator_seed(0)  # Sampling of huge inputs is repeatable.
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model,
+        vocab_size=vocab_size, model_type=model_type,
+        character_coverage=1.0, pad_id=special_tokens.PAD_ID,
+        unk_id=special_tokens.UNK_ID, bos_id=special_tokens.BOS_ID,
+        eos_id=special_tokens.EOS_ID, input_sentence_size=_MAX_TRAINING_SENTENCES,
+        shuffle_input_sentence=True, num_threads=os.cpu_count() or 1,
+        minloglevel=2)
+  except RuntimeError as e:
+    raise _training_error(str(e), vocab_size) from None
+  fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+  with os.fdopen(fd, "wb") as f:
+    f.write(model.getvalue())
+  os.replace(tmp, path)
   return Tokenizer(path)
 
 
@@ -136,6 +140,11 @@ def _training_error(message: str, vocab_size: int) -> UserError:
     return UserError(f"vocab_size={vocab_size} is too large for this training "
                      f"data; set --config.data.vocab_size to at most "
                      f"{limit.group(1)}")
+  chars = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+  if chars:
+    return UserError(f"vocab_size={vocab_size} is smaller than the {chars.group(1)} "
+                     "characters and special tokens of the data; set "
+                     f"--config.data.vocab_size to at least {chars.group(1)}")
   first = " ".join(message.split())[:300]
   return UserError(f"SentencePiece training failed ({first}); check vocab_size="
                    f"{vocab_size} and the training text")

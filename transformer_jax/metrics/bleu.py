@@ -20,9 +20,10 @@ Moses tokenization uses ``sacremoses``. Against ``tokenizer.perl -l de``
   matches, lengths and the ``##AT##`` split, hence BLEU, are unchanged.
 * Moses master splits the period off a sentence's last word even when it is a
   non-breaking prefix (``usw.``, ``Art.``, ``36.``); sacremoses, like Moses
-  before that rule was added, does not. `paper_bleu` adds the rule back, after
-  which all 6,003 newstest2013/2014 lines tokenize identically; `tok_bleu` leaves it
-  out, because the Multi30k ``tok/`` files were made with the older Moses.
+  before that rule was added, does not. `paper_bleu` adds the rule back,
+  after which all 6,003 newstest2013/2014 lines and all Multi30k val and
+  test2016 lines tokenize identically; `tok_bleu` leaves it out, because the
+  Multi30k ``tok/`` files were made with the older Moses.
 * Character classes (``\\p{IsAlnum}`` ...) come from sacremoses' tables of a
   fixed Perl version and could differ for rare Unicode characters.
 """
@@ -111,7 +112,7 @@ def _tokenized_bleu(hypotheses: Sequence[str],
 
 def sacre_bleu(hypotheses: Sequence[str],
                references: Sequence[str]) -> tuple[float, str]:
-  """sacreBLEU (13a, cased) of detokenized output; returns (score, signature)."""
+  """sacreBLEU (13a, cased) of detokenized output: (score, signature)."""
   _check(hypotheses, references)
   metric = sacrebleu.metrics.BLEU()
   score = metric.corpus_score(list(hypotheses), [list(references)])

@@ -1,0 +1,180 @@
+"""load_dataset end to end: real Multi30k, toy corpus, plain files, errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import numpy as np
+import pytest
+
+from transformer_jax.data import builders
+from transformer_jax.data import pipeline
+from transformer_jax.data import text_files
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.errors import UserError
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
+
+
+def test_multi30k_splits_match_the_files(multi30k, real_data):
+  assert multi30k.split_sizes == {"train": 29_000, "val": 1_014, "test2016": 1_000}
+  assert multi30k.filtered == {"empty": 0, "too_long": 0}
+  folder = real_data / "multi30k"
+  for split in ("train", "val", "test2016"):
+    src, ref = multi30k.texts(split)
+    assert len(src) == len(ref) == text_files.MULTI30K_SPLITS[split]
+    first_en = (folder / f"{split}.en").read_text("utf-8").split("\n")[0]
+    first_de = (folder / f"{split}.de").read_text("utf-8").split("\n")[0]
+    assert (src[0], ref[0]) == (first_en, first_de), f"{split}: first pair differs"
+  val = multi30k.split("val")
+  tok = multi30k.tokenizer
+  assert list(val.src[:val.src_offsets[1]]) == tok.encode(multi30k.texts("val")[0][0])
+
+
+def test_multi30k_batches_respect_budget_and_padding(multi30k):
+  budget = multi30k.config.tokens_per_batch
+  it = multi30k.train_iterator(batch_multiple=8)
+  assert it.padding_fraction() < 0.15, f"padding {it.padding_fraction():.3f}"
+  for _ in range(it.batches_per_epoch()):
+    b = next(it)
+    for key in ("src_tokens", "target_tokens"):
+      rows, length = b[key].shape
+      assert rows % 8 == 0 and rows * length <= budget, (key, rows, length)
+    tgt = b["target_tokens"][(b["target_tokens"] != PAD_ID).any(1)]  # Not fill rows.
+    last = np.where(tgt != PAD_ID, np.arange(tgt.shape[1]), -1).max(1)
+    assert (tgt[np.arange(len(last)), last] == EOS_ID).all(), "rows must end with EOS"
+
+
+def test_multi30k_throughput(multi30k):
+  stats = pipeline.measure_throughput(multi30k, seconds=0.5)
+  assert stats["tokens_per_s"] > 50_000, stats
+
+
+def test_multi30k_eval_batches_cover_each_pair_once(multi30k):
+  ids = []
+  for b in multi30k.eval_batches("val", batch_multiple=4):
+    assert len(b["example_ids"]) % 4 == 0
+    pad_rows = b["example_ids"] < 0
+    assert (b["src_tokens"][pad_rows] == PAD_ID).all()
+    ids.extend(b["example_ids"][~pad_rows])
+  assert sorted(ids) == list(range(1_014))
+  second = [b["example_ids"] for b in multi30k.eval_batches("val", batch_multiple=4)]
+  assert sorted(np.concatenate(second)[np.concatenate(second) >= 0]) == list(range(1_014))
+
+
+def test_second_load_uses_the_caches(small_generated, cache_dir, monkeypatch):
+  def fail(*args, **kwargs):
+    raise AssertionError("the second load must not prepare, read or train again")
+
+  monkeypatch.setattr(builders.GeneratedTranslation, "_split_generators", fail)
+  monkeypatch.setattr(builders.PreparedDataset, "read", fail)
+  monkeypatch.setattr(tokenizer_lib, "train_tokenizer", fail)
+  start = time.perf_counter()
+  again = pipeline.load_dataset(small_generated.config.to_dict())
+  assert time.perf_counter() - start < 2.0
+  assert again.tokenizer.sha256 == small_generated.tokenizer.sha256
+  assert again.split_sizes == small_generated.split_sizes == {
+      "train": 3_000, "validation": 200, "test": 200}
+  a = next(again.train_iterator(2))
+  b = next(small_generated.train_iterator(2))
+  assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_generated_packed_batches(small_generated):
+  cfg = small_generated.config.to_dict()
+  cfg["pack"] = True
+  data = pipeline.load_dataset(cfg)
+  b = next(data.train_iterator(batch_multiple=2))
+  assert set(b) == {"src_tokens", "target_tokens", "src_segment_ids", "src_positions",
+                    "target_segment_ids", "target_positions"}
+  assert b["src_tokens"].shape[1] == cfg["max_len"]
+  assert b["src_segment_ids"].max() > 1, "rows should hold several pairs"
+
+
+def _write(path, lines):
+  path.write_text("".join(l + "\n" for l in lines), encoding="utf-8")
+
+
+def test_plain_text_filters_and_counts_empty_and_long_pairs(tmp_path):
+  words = "the dog sees a cat and the cat sees a dog today".split()
+  src = [" ".join(words[: 3 + i % 8]) for i in range(300)]
+  tgt = [" ".join(reversed(words[: 3 + i % 8])) for i in range(300)]
+  src[5], tgt[9] = "", "   "  # Two pairs with an empty side.
+  src[7] = " ".join(words * 10)  # Too long for max_len=40.
+  for name, lines in (("tr.src", src), ("tr.tgt", tgt), ("ev.src", src[:20]),
+                      ("ev.tgt", tgt[:20])):
+    _write(tmp_path / name, lines)
+  data = pipeline.load_dataset({
+      "dataset": "plain_text", "prepared_dir": str(tmp_path / "cache"),
+      "vocab_size": 40, "max_len": 40, "tokens_per_batch": 400,
+      "plain_text": {"train_source": str(tmp_path / "tr.src"),
+                     "train_target": str(tmp_path / "tr.tgt"),
+                     "eval_source": str(tmp_path / "ev.src"),
+                     "eval_target": str(tmp_path / "ev.tgt")}})
+  assert data.filtered == {"empty": 2, "too_long": 1}
+  assert data.split_sizes == {"train": 300, "validation": 20}
+  assert len(data.train) == 297 and len(data.split("validation")) == 20, "eval keeps all"
+  assert data.texts("validation")[0][5] == ""
+  ids = [i for b in data.eval_batches("validation", 1) for i in b["example_ids"] if i >= 0]
+  assert sorted(ids) == list(range(20))
+
+
+def test_plain_text_bad_files_are_user_errors(tmp_path):
+  _write(tmp_path / "a.src", ["x y", "y z", "z"])
+  _write(tmp_path / "a.tgt", ["x y", "y z"])
+  (tmp_path / "b.src").write_bytes(b"ok\nbad \xfe here\n" + b"a b c d\n" * 20)
+  _write(tmp_path / "b.tgt", ["ok", "fine"] + ["a b c d"] * 20)
+  cfg = {"dataset": "plain_text", "prepared_dir": str(tmp_path / "cache"), "vocab_size": 20}
+  with pytest.raises(UserError, match=r"has 3 lines but .* has 2"):
+    pipeline.load_dataset({**cfg, "plain_text": {"train_source": str(tmp_path / "a.src"),
+                                                 "train_target": str(tmp_path / "a.tgt")}})
+  bad = {"train_source": str(tmp_path / "b.src"), "train_target": str(tmp_path / "b.tgt")}
+  with pytest.raises(UserError, match=r"b.src line 2 is not valid UTF-8"):
+    pipeline.load_dataset({**cfg, "plain_text": bad})
+  with pytest.raises(UserError, match="set --config.data.vocab_size to at least 1"):
+    pipeline.load_dataset({**cfg, "plain_text": bad, "replace_invalid_utf8": True,
+                           "vocab_size": 10})
+  data = pipeline.load_dataset({**cfg, "plain_text": bad, "replace_invalid_utf8": True})
+  assert data.texts("train")[0][1] == "bad \ufffd here"
+  with pytest.raises(UserError, match="does not exist"):
+    pipeline.load_dataset({**cfg, "plain_text": {"train_source": str(tmp_path / "nope"),
+                                                 "train_target": str(tmp_path / "a.tgt")}})
+
+
+def test_config_errors(tmp_path, monkeypatch):
+  with pytest.raises(UserError, match="unknown dataset 'wmt15'.*multi30k"):
+    pipeline.load_dataset({"dataset": "wmt15"})
+  with pytest.raises(UserError, match="unknown data config key 'token_per_batch'"):
+    pipeline.load_dataset({"token_per_batch": 10})
+  monkeypatch.delenv(text_files.DATA_DIR_ENV, raising=False)
+  with pytest.raises(UserError, match=r"expected train.en, train.de.*missing"):
+    pipeline.load_dataset({"dataset": "multi30k", "data_dir": str(tmp_path),
+                           "prepared_dir": str(tmp_path / "cache")})
+  with pytest.raises(UserError, match="train_source"):
+    pipeline.load_dataset({"dataset": "plain_text", "prepared_dir": str(tmp_path)})
+  assert set(pipeline.default_data_config()) >= {
+      "dataset", "data_dir", "prepared_dir", "variant", "source_lang", "target_lang",
+      "train_split", "eval_split", "test_split", "plain_text", "num_generated_train",
+      "seed", "vocab_size", "tokenizer_type", "max_len", "tokens_per_batch",
+      "bucket_boundaries", "pack", "replace_invalid_utf8"}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None,
+                    reason="TensorFlow is installed: wmt14 would try to download")
+def test_wmt14_without_tensorflow_is_a_user_error(tmp_path):
+  with pytest.raises(UserError, match="needs TensorFlow and the internet") as e:
+    pipeline.load_dataset({"dataset": "wmt14", "prepared_dir": str(tmp_path)})
+  assert "\n" not in str(e.value)
+
+
+def test_newstest_as_plain_text(real_data, cache_dir):
+  if not (real_data / "wmt-newstest-en-de" / "newstest2014.en").is_file():
+    pytest.skip("newstest files not in the data folder")
+  data = pipeline.load_dataset({"dataset": "newstest", "data_dir": str(real_data),
+                                "prepared_dir": str(cache_dir), "vocab_size": 2_000,
+                                "source_lang": "de", "target_lang": "en"})
+  assert data.split_sizes == {"newstest2013": 3_000, "newstest2014": 3_003}
+  assert len(data.split("newstest2013")) == 3_000, "eval splits are never filtered"
+  src, ref = data.texts("newstest2014")
+  first_de = (real_data / "wmt-newstest-en-de" / "newstest2014.de").read_text("utf-8")
+  assert src[0] == first_de.split("\n")[0], "source_lang=de must read the .de file"

@@ -1,0 +1,31 @@
+"""Flags shared by the command-line entry points (train, translate, evaluate)."""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags
+from ml_collections import config_flags
+
+from transformer_jax.errors import UserError
+
+FLAGS = flags.FLAGS
+
+config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file, e.g. experiments/configs/quickstart.py.",
+    lock_config=True,
+)
+flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, tokenizer.")
+flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
+flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+
+
+def config_and_workdir():
+  """The --config (validated on use) and --workdir, or a one-line UserError."""
+  if FLAGS.config is None:
+    raise UserError("--config is required, e.g. --config=experiments/configs/quickstart.py")
+  if not FLAGS.workdir:
+    raise UserError("--workdir is required: the folder for checkpoints and metrics")
+  workdir = os.path.abspath(os.path.expanduser(FLAGS.workdir))
+  return FLAGS.config, workdir

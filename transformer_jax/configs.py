@@ -1,0 +1,89 @@
+"""The full experiment config with every key, and its validation.
+
+Experiment files under `experiments/configs/` start from `default_config()`
+and change only what their experiment changes.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import ml_collections
+
+from transformer_jax.data.pipeline import default_data_config
+from transformer_jax.errors import UserError
+from transformer_jax.model_config import ModelConfig, default_model_config
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The paper's base recipe (§5) with small-machine logging defaults."""
+  config = ml_collections.ConfigDict()
+  config.model = default_model_config()
+  config.data = default_data_config()
+  # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+  config.seed = 0  # Parameter initialisation and dropout.
+  config.num_train_steps = 100_000
+  config.gradient_accumulation_steps = 1
+  config.label_smoothing = 0.1  # ε_ls (§5.4).
+
+  # Optimiser (§5.3): Adam(0.9, 0.98, 1e-9) on the paper's schedule.
+  config.schedule = "paper"  # "paper" | "linear_rsqrt" | "linear_cosine".
+  config.warmup_steps = 4000
+  config.learning_rate_scale = 1.0  # "paper": multiplies d_model^-0.5 · min(...).
+  config.learning_rate = 7e-4  # Peak, for the other schedules.
+  config.adam_b1 = 0.9
+  config.adam_b2 = 0.98
+  config.adam_eps = 1e-9
+  config.grad_clip_norm = 0.0  # 0: no clipping.
+
+  # Logging, evaluation and checkpoints.
+  config.log_every_steps = 100
+  config.eval_every_steps = 1000
+  config.eval_bleu_sentences = 256  # Dev sentences decoded at each evaluation; 0: no BLEU.
+  config.checkpoint_every_steps = 1000
+  config.checkpoint_every_minutes = 10.0  # §6.1: the paper saved every 10 minutes.
+  config.keep_checkpoints = 5
+  config.async_checkpoints = True
+
+  # Decoding (§6.1): beam 4, α = 0.6, max length = input length + 50.
+  config.beam_size = 4
+  config.length_penalty = 0.6
+  config.max_decode_extra_len = 50
+  config.average_last_checkpoints = 5  # average_checkpoints's default --last.
+  # At the end of training: decode this split and print BLEU ("" to skip).
+  config.final_eval_split = ""
+  config.final_eval_examples = 3  # Translations printed after the final BLEU.
+  return config
+
+
+def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+  keys = []
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    keys.append(name)
+    if isinstance(value, ml_collections.ConfigDict):
+      keys.extend(_all_keys(value, name + "."))
+  return keys
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Raises a one-line UserError for a key the defaults don't have, or a bad value."""
+  valid = set(_all_keys(default_config()))
+  for key in _all_keys(config):
+    if key not in valid and not key.startswith("data.plain_text."):
+      close = difflib.get_close_matches(key, sorted(valid), n=3)
+      hint = f"; did you mean {', '.join('config.' + c for c in close)}?" if close else ""
+      raise UserError(f"unknown config key config.{key}{hint}")
+  ModelConfig.from_config(config.model)
+  for key in ("num_train_steps", "gradient_accumulation_steps", "log_every_steps",
+              "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints", "warmup_steps"):
+    if int(config[key]) < 1:
+      raise UserError(f"config.{key}={config[key]!r} must be a positive integer")
+  if not 0.0 <= config.label_smoothing < 1.0:
+    raise UserError(f"config.label_smoothing={config.label_smoothing!r} must be in [0, 1)")
+  if config.beam_size < 1:
+    raise UserError(f"config.beam_size={config.beam_size} must be at least 1")
+  if config.length_penalty < 0:
+    raise UserError(f"config.length_penalty={config.length_penalty} must be >= 0")

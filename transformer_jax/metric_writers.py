@@ -1,0 +1,72 @@
+"""Where training metrics go: metrics.jsonl, TensorBoard and the console.
+
+Only process 0 writes; the others get a writer that does nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from typing import Any
+
+import jax
+
+
+class MetricsWriter:
+  """Appends one JSON object per logging step to `<workdir>/metrics.jsonl`."""
+
+  def __init__(self, workdir: str, total_steps: int, enabled: bool | None = None):
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.total_steps = total_steps
+    self._tensorboard = None
+    if self.enabled:
+      try:
+        from tensorboardX import SummaryWriter
+
+        self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      except ImportError:  # TensorBoard is optional.
+        pass
+
+  def truncate_after(self, step: int) -> None:
+    """Drops rows logged after `step` (a resumed run writes them again)."""
+    if not self.enabled or not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+    with open(self.path + ".tmp", "w") as f:
+      f.writelines(rows)
+    os.replace(self.path + ".tmp", self.path)
+
+  def write(self, row: dict[str, Any], prefix: str = "train") -> None:
+    """Writes `row` (which holds "step") to every sink."""
+    if not self.enabled:
+      return
+    row = {k: (float(v) if k != "step" else int(v)) for k, v in row.items()}
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"split": prefix, **row}) + "\n")
+    if self._tensorboard is not None:
+      for key, value in row.items():
+        if key != "step":
+          self._tensorboard.add_scalar(f"{prefix}/{key}", value, row["step"])
+      self._tensorboard.flush()
+
+  def console(self, row: dict[str, Any]) -> None:
+    """One progress line: step/total, loss, learning rate, tokens/s and ETA."""
+    if not self.enabled:
+      return
+    step = int(row["step"])
+    remaining = (self.total_steps - step) * row["elapsed_s"] / max(step - row.get("start_step", 0), 1)
+    eta = datetime.timedelta(seconds=int(remaining))
+    print(
+        f"step {step}/{self.total_steps} | loss {row['loss']:.4f} | ppl {row['perplexity']:.2f}"
+        f" | lr {row['learning_rate']:.2e} | {row['tokens_per_s']:,.0f} tok/s | ETA {eta}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+  def close(self) -> None:
+    if self._tensorboard is not None:
+      self._tensorboard.close()

@@ -1,0 +1,136 @@
+"""The device mesh, the logical-axis rule table, and multi-host set-up.
+
+The mesh has three axes:
+  data:   pure data parallelism (parameters replicated);
+  fsdp:   data parallelism with parameters and optimizer state sharded;
+  tensor: tensor (model) parallelism over heads, d_ff and the vocabulary.
+The batch is split over data × fsdp. One rule table maps the model's logical
+axis names onto these mesh axes; a config chooses the parallelism only through
+`config.mesh` (its data/fsdp/tensor sizes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from transformer_jax.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis name -> mesh axis (or axes). The single place that says how
+# every parameter and activation is laid out.
+LOGICAL_AXIS_RULES = (
+    ("batch", BATCH_AXES),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+)
+
+
+def maybe_initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
+  """Joins a multi-process run when one is configured.
+
+  Explicit flags win; otherwise JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+  JAX_PROCESS_ID from the environment; otherwise JAX's own auto-detection on
+  TPU pods and SLURM. A plain single-process run does nothing.
+  """
+  env = os.environ
+  coordinator_address = coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and env.get("JAX_NUM_PROCESSES"):
+    num_processes = int(env["JAX_NUM_PROCESSES"])
+  if process_id is None and env.get("JAX_PROCESS_ID"):
+    process_id = int(env["JAX_PROCESS_ID"])
+  if coordinator_address and num_processes and num_processes > 1:
+    timeout = int(env.get("TRANSFORMER_JAX_DISTRIBUTED_TIMEOUT_S", "120"))
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=timeout,
+    )
+  elif "SLURM_JOB_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+    jax.distributed.initialize()  # Auto-detected.
+  elif env.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
+    jax.distributed.initialize()  # A multi-host TPU slice.
+
+
+def make_mesh(mesh_config: Any, devices: list | None = None) -> Mesh:
+  """A (data, fsdp, tensor) mesh; a size of -1 takes the remaining devices."""
+  devices = devices if devices is not None else jax.devices()
+  sizes = [int(mesh_config[axis]) for axis in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise UserError("config.mesh: at most one of data, fsdp, tensor may be -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if known < 1 or len(devices) % known:
+      raise UserError(
+          f"config.mesh {dict(zip(MESH_AXES, sizes))} does not fit {len(devices)} devices"
+      )
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise UserError(
+        f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
+        f"but {len(devices)} are available; set config.mesh.data=-1 to use them all"
+    )
+  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def batch_shards(mesh: Mesh) -> int:
+  """How many ways the batch is split: every global batch must divide by it."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Rows of [batch, length] arrays split over data × fsdp."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def logical_shardings(abstract_boxed_tree: Any, mesh: Mesh) -> Any:
+  """NamedShardings for a tree whose leaves carry flax logical-axis boxes."""
+  logical_specs = nn.get_partition_spec(abstract_boxed_tree)
+  return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Assembles each process's rows into global arrays sharded over the batch axes.
+
+  Args:
+    local_batch: this process's rows, e.g. src_tokens int32[global_batch / processes, len].
+  """
+  sharding = batch_sharding(mesh)
+  return {
+      name: jax.make_array_from_process_local_data(sharding, value)
+      for name, value in local_batch.items()
+  }
+
+
+def log_topology(mesh: Mesh) -> None:
+  logging.info(
+      "process %d of %d; %d local / %d global devices (%s); mesh %s",
+      jax.process_index(),
+      jax.process_count(),
+      jax.local_device_count(),
+      jax.device_count(),
+      jax.devices()[0].platform,
+      dict(mesh.shape),
+  )
