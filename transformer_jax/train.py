@@ -49,6 +49,17 @@ class NonFiniteLossError(RuntimeError):
 # --- State ----------------------------------------------------------------------
 
 
+def initial_state_fn(model: Transformer, optimizer: optax.GradientTransformation) -> Callable:
+  """key -> the initial TrainState, its parameters boxed with logical axis names."""
+  tokens = jnp.ones((1, 8), jnp.int32)
+
+  def init(key):
+    params = model.init(key, tokens, tokens, train=False)["params"]
+    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params))
+
+  return init
+
+
 def create_train_state(
     model: Transformer, optimizer: optax.GradientTransformation, mesh, seed: int
 ) -> tuple[TrainState, Any]:
@@ -57,17 +68,10 @@ def create_train_state(
   Returns:
     (state, state_shardings).
   """
-  tokens = jnp.ones((1, 8), jnp.int32)
-
-  def init(key):
-    params = model.init(key, tokens, tokens, train=False)["params"]  # Boxed.
-    return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=optimizer.init(params))
-
+  init = initial_state_fn(model, optimizer)
   init_key = jax.random.fold_in(jax.random.key(seed), 0)
-  abstract = jax.eval_shape(init, init_key)
-  shardings = parallel.logical_shardings(abstract, mesh)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-    state = jax.jit(lambda key: nn.unbox(init(key)), out_shardings=shardings)(init_key)
+  shardings = parallel.logical_shardings(jax.eval_shape(init, init_key), mesh)
+  state = jax.jit(lambda key: nn.unbox(init(key)), out_shardings=shardings)(init_key)
   return state, shardings
 
 
@@ -147,7 +151,7 @@ def train_step(
       nll=sums["nll_sum"] / tokens,
       perplexity=jnp.exp(sums["nll_sum"] / tokens),
       learning_rate=schedule(state.step),
-      grad_norm=optax.global_norm(grads),
+      grad_norm=optax.tree.norm(grads),
       tokens=sums["tokens"],
   )
   return new_state, metrics
@@ -391,10 +395,11 @@ def _main():
     state = train_and_evaluate(config, workdir)
   except NonFiniteLossError as e:
     raise UserError(str(e)) from None
+  del state
   if config.final_eval_split and jax.process_index() == 0:
     from transformer_jax.evaluate import final_report
 
-    final_report(config, workdir, state.params)
+    final_report(config, workdir)
 
 
 if __name__ == "__main__":

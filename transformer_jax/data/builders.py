@@ -133,8 +133,9 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
 
   @staticmethod
   def _manual_folder(dl_manager, variant: str) -> Path | None:
-    manual = getattr(dl_manager, "_manual_dir", None)
-    if not manual:
+    try:
+      manual = dl_manager.manual_dir
+    except (AssertionError, ValueError):  # No manual dir, or an empty one.
       return None
     folder = Path(os.fspath(manual)) / ("tok" if variant == "tok" else "")
     names = text_files.multi30k_file_names()
@@ -166,7 +167,9 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
     return files
 
   def _generate_examples(self, files: dict[str, Path]):
-    en, de = text_files.read_parallel(files["en"], files["de"])
+    # `errors` is set by prepare(): 'replace' turns bad bytes into U+FFFD.
+    en, de = text_files.read_parallel(files["en"], files["de"],
+                                      getattr(self, "errors", "strict"))
     for i, (e, d) in enumerate(zip(en, de)):
       yield i, {"en": e, "de": d}
 
@@ -342,6 +345,7 @@ def prepare(cfg, tfds_dir: Path) -> PreparedDataset:
                       f"{text_files.MULTI30K_VARIANTS}")
     builder = Multi30k(config=cfg.variant, data_dir=os.fspath(tfds_dir),
                        file_format="array_record")
+    builder.errors = errors
     if not builder.is_prepared():
       manual = _multi30k_manual_dir(cfg)
       _prepare(builder, manual_dir=manual)

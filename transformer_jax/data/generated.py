@@ -165,19 +165,14 @@ def _nouns_with(tags: str):
   return out
 
 
-_CANDIDATES = {}  # tags -> nouns, computed once (pure function of the lexicon).
-
-
-def _candidates(tags: str):
-  if tags not in _CANDIDATES:
-    _CANDIDATES[tags] = _nouns_with(tags)
-  return _CANDIDATES[tags]
+# Nouns allowed by each tag set that verbs and prepositions ask for.
+_CANDIDATES = {tags: _nouns_with(tags) for tags in
+               {v[1] for v in _VERB_LIST if v[1] != "-"} | {p[3] for p in _PREPOSITIONS}
+               | {"h", "ha"}}
 
 
 # --- Realisation -----------------------------------------------------------
-# A noun phrase is (english_words, german_by_case, person_number) where
-# german_by_case[c] is the German phrase in case c (0 nom, 1 acc, 2 dat) and
-# person_number is '1sg', '1pl', '3sg' or '3pl'.
+# person_number of a subject is '1sg', '1pl', '3sg' or '3pl'.
 
 
 def _pick(rng: random.Random, seq):
@@ -196,7 +191,7 @@ def _noun_phrase(rng: random.Random, tags: str, adj_prob: float, case: int):
 
   Returns (english, german in `case` (0 nom, 1 acc, 2 dat), person_number).
   """
-  en_sg, en_pl, de_sg, de_pl, gender, weak, _ = _pick(rng, _candidates(tags))
+  en_sg, en_pl, de_sg, de_pl, gender, weak, _ = _pick(rng, _CANDIDATES[tags])
   plural = rng.random() < 0.3
   adj = _pick(rng, _ADJ_LIST) if rng.random() < adj_prob else None
   if plural and rng.random() < 0.35:
@@ -260,7 +255,7 @@ def _clause(rng: random.Random, depth: int):
   frame = _pick(rng, "iiaaaaaddgc" if depth == 0 else "iiaaad")
   verb = _pick(rng, _VERBS_BY_FRAME[frame])
   _, objects, en3, en_base, en_part, inf, de1, de3, de_part, aux = verb
-  en_subj, de_subj, pn = _subject(rng, "hh" if frame == "c" else "ha", adj_prob)
+  en_subj, de_subj, pn = _subject(rng, "h" if frame == "c" else "ha", adj_prob)
   idx = {"1sg": 0, "3sg": 1}.get(pn, 2)
   tense = rng.random()
   if tense < 0.5:

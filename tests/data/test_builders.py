@@ -1,0 +1,74 @@
+"""TFDS builders: Multi30k variants and its download path (checksummed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_collections
+import pytest
+
+from transformer_jax.data import builders
+from transformer_jax.data import pipeline
+from transformer_jax.errors import UserError
+
+
+class _FakeDownloads:
+  """Stands in for tfds' download manager: 'downloads' are local files."""
+
+  def __init__(self, folder: Path | None, error: Exception | None = None):
+    self.folder, self.error, self.urls = folder, error, {}
+
+  def download_and_extract(self, urls):
+    self.urls = urls
+    if self.error:
+      raise self.error
+    return {name: self.folder / name for name in urls}
+
+
+def test_multi30k_download_path_checks_sha256(real_data, tmp_path):
+  fake = _FakeDownloads(real_data / "multi30k")
+  files = builders.Multi30k._download(fake, "raw")
+  assert fake.urls["train.en"].startswith("https://raw.githubusercontent.com/multi30k/")
+  assert fake.urls["test2016.de"].endswith("test_2016_flickr.de.gz")
+  assert files["val"]["de"] == real_data / "multi30k" / "val.de"
+  (tmp_path / "train.en").write_text("tampered\n")
+  for name in ("train.de", "val.en", "val.de", "test2016.en", "test2016.de"):
+    (tmp_path / name).write_bytes((real_data / "multi30k" / name).read_bytes())
+  with pytest.raises(UserError, match="train.en has sha256"):
+    builders.Multi30k._download(_FakeDownloads(tmp_path), "raw")
+
+
+def test_multi30k_download_failure_is_a_user_error():
+  with pytest.raises(UserError, match=r"downloading it failed \(ConnectionError\)") as e:
+    builders.Multi30k._download(_FakeDownloads(None, ConnectionError("offline")), "tok")
+  assert "multi30k/tok" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_multi30k_tok_variant(real_data, cache_dir):
+  cfg = pipeline.resolve_data_config({"dataset": "multi30k", "variant": "tok",
+                                      "data_dir": str(real_data),
+                                      "source_lang": "de", "target_lang": "en"})
+  prepared = builders.prepare(cfg, cache_dir / "tfds")
+  assert prepared.splits == {"train": 29_000, "val": 1_014, "test2016": 1_000}
+  src, tgt = prepared.read("test2016")
+  tok_dir = real_data / "multi30k" / "tok"
+  assert src[0] == (tok_dir / "test2016.de").read_text("utf-8").split("\n")[0]
+  assert tgt[-1] == (tok_dir / "test2016.en").read_text("utf-8").split("\n")[-2]
+  assert prepared.key == "multi30k-tok-1.0.0"
+
+
+def test_language_and_variant_errors():
+  cfg = pipeline.resolve_data_config({"dataset": "multi30k", "source_lang": "fr"})
+  with pytest.raises(UserError, match="'en' and 'de'"):
+    builders.prepare(cfg, Path("/nonexistent"))
+  cfg = pipeline.resolve_data_config({"dataset": "multi30k", "variant": "bpe"})
+  with pytest.raises(UserError, match="variant='bpe'"):
+    builders.prepare(cfg, Path("/nonexistent"))
+
+
+def test_default_split_names():
+  assert builders.split_names(ml_collections.ConfigDict(
+      {"dataset": "multi30k", "train_split": None, "eval_split": None,
+       "test_split": None})) == ("train", "val", "test2016")
+  assert builders.split_names(pipeline.resolve_data_config(
+      {"eval_split": "test"})) == ("train", "test", "test")

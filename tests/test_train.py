@@ -1,0 +1,109 @@
+"""The train step: schedule, loss, sharding, accumulation and restoring across meshes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import checkpoints, parallel, train
+from transformer_jax.configs import default_config
+from transformer_jax.losses import smoothing_entropy, token_losses
+from transformer_jax.model import Transformer
+from transformer_jax.schedules import make_optimizer, paper_schedule
+
+
+def tiny_config():
+  config = default_config()
+  config.model.update(dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=4,
+                           dropout_rate=0.0))
+  config.warmup_steps = 10
+  return config
+
+
+def synthetic_batch(rows=16, seed=0):
+  rng = np.random.default_rng(seed)
+  src = rng.integers(4, 64, size=(rows, 12)).astype(np.int32)
+  tgt = rng.integers(4, 64, size=(rows, 10)).astype(np.int32)
+  for row in range(rows):  # Varied lengths: EOS then PAD.
+    src[row, 6 + row % 6 :] = 0
+    src[row, 5 + row % 6] = 3
+    tgt[row, 4 + row % 6 :] = 0
+    tgt[row, 3 + row % 6] = 3
+  return {"src_tokens": src, "target_tokens": tgt}
+
+
+def run_steps(config, mesh, batches):
+  model = Transformer(config.model)
+  optimizer = make_optimizer(config)
+  state, shardings = train.create_train_state(model, optimizer, mesh, config.seed)
+  train_fn, _ = train.compile_steps(model, optimizer, config, mesh, shardings)
+  for batch in batches:
+    state, metrics = train_fn(state, parallel.global_batch(batch, mesh))
+  return jax.device_get(state), jax.device_get(metrics)
+
+
+def test_paper_schedule_matches_the_formula():
+  schedule = paper_schedule(d_model=512, warmup_steps=4000)
+  for step in (1, 100, 4000, 100_000):
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    assert float(schedule(step - 1)) == pytest.approx(expected, rel=1e-6), step
+  assert float(schedule(3999)) == pytest.approx(7.0e-4, rel=0.01)  # §5.3's peak for base.
+
+
+def test_label_smoothed_loss_equals_hand_computed_value():
+  logits = jnp.log(jnp.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]]))
+  targets = jnp.array([[0, 2]])
+  smoothed, nll = token_losses(logits, targets, label_smoothing=0.1)
+  # Target gets 0.9, each of the 2 others 0.05.
+  expected_0 = -(0.9 * np.log(0.7) + 0.05 * np.log(0.2) + 0.05 * np.log(0.1))
+  expected_1 = -(0.05 * np.log(0.1) + 0.05 * np.log(0.1) + 0.9 * np.log(0.8))
+  np.testing.assert_allclose(smoothed[0], [expected_0, expected_1], rtol=1e-6)
+  np.testing.assert_allclose(nll[0], [-np.log(0.7), -np.log(0.8)], rtol=1e-6)
+  entropy = -(0.9 * np.log(0.9) + 2 * 0.05 * np.log(0.05))
+  assert smoothing_entropy(3, 0.1) == pytest.approx(entropy)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+@pytest.mark.parametrize("mesh_shape", [dict(data=8, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)])
+def test_sharded_step_equals_single_device_step(mesh_shape):
+  config = tiny_config()
+  config.model.dropout_rate = 0.1  # Dropout bits must not depend on the sharding either.
+  batches = [synthetic_batch(seed=s) for s in range(2)]
+  single, single_metrics = run_steps(config, parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches)
+  sharded, sharded_metrics = run_steps(config, parallel.make_mesh(mesh_shape), batches)
+  for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert single_metrics["loss"] == pytest.approx(sharded_metrics["loss"], rel=1e-5)
+
+
+def test_gradient_accumulation_equals_one_large_step():
+  config = tiny_config()
+  mesh = parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  batches = [synthetic_batch(rows=16, seed=s) for s in range(2)]
+  whole, whole_metrics = run_steps(config, mesh, batches)
+  config.gradient_accumulation_steps = 4
+  accumulated, accumulated_metrics = run_steps(config, mesh, batches)
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(accumulated.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert whole_metrics["loss"] == pytest.approx(accumulated_metrics["loss"], rel=1e-5)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 simulated devices")
+def test_checkpoint_saved_on_8_devices_restores_onto_1(tmp_path):
+  config = tiny_config()
+  model = Transformer(config.model)
+  optimizer = make_optimizer(config)
+  mesh8 = parallel.make_mesh(dict(data=2, fsdp=2, tensor=2))
+  state8, _ = train.create_train_state(model, optimizer, mesh8, seed=3)
+  manager = checkpoints.make_manager(str(tmp_path), async_save=True)
+  checkpoints.save(manager, 7, state8, {"epoch": 0}, {"step": 7})
+  manager.wait_until_finished()
+
+  mesh1 = parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  state1, _ = train.create_train_state(model, optimizer, mesh1, seed=0)
+  restored, data_state, meta = checkpoints.restore_latest(manager, checkpoints.abstract_like(state1))
+  assert meta["step"] == 7 and data_state == {"epoch": 0}
+  for a, b in zip(jax.tree.leaves(state8), jax.tree.leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  leaf = jax.tree.leaves(restored.params)[0]
+  assert len(leaf.sharding.device_set) == 1

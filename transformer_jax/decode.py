@@ -1,0 +1,213 @@
+"""Translating with a trained model: the KV cache wired to beam / greedy search.
+
+The encoder runs once per batch; the cross-attention keys and values are
+computed once per sentence, when the cache is made; every decoder step then
+feeds one token through the cached self-attention (§6.1 recipe by default:
+beam 4, α = 0.6, at most input length + 50 tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from transformer_jax import parallel, search
+from transformer_jax.errors import UserError
+from transformer_jax.model import Transformer
+from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+  """How to search. `method` is "beam", "greedy" or "sample"."""
+
+  method: str = "beam"
+  beam_size: int = 4
+  alpha: float = 0.6
+  max_extra_len: int = 50  # Output may be this much longer than the input.
+  temperature: float = 1.0
+  top_k: int = 0
+  ignore_eos: bool = False  # Benchmarks: always decode to the maximum length.
+
+  def __post_init__(self):
+    if self.method not in ("beam", "greedy", "sample"):
+      raise UserError(f"decoding method {self.method!r} is not one of beam, greedy, sample")
+    if self.beam_size < 1:
+      raise UserError(f"--beam_size={self.beam_size} must be at least 1")
+    if self.alpha < 0:
+      raise UserError(f"--alpha={self.alpha} must be >= 0 (the paper uses 0.6)")
+    if self.max_extra_len < 0:
+      raise UserError(f"max_extra_len={self.max_extra_len} must be >= 0")
+
+
+def init_cache(model: Transformer, params, encoded: Array, src_tokens: Array, max_decode_len: int):
+  """The decoder's cache for `max_decode_len` steps, cross-attention K/V filled in."""
+  dummy_targets = jnp.zeros((src_tokens.shape[0], max_decode_len), jnp.int32)
+  _, variables = model.apply(
+      {"params": params}, encoded, src_tokens, dummy_targets,
+      decode=True, mutable=["cache"], method=Transformer.decode,
+  )
+  return variables["cache"]
+
+
+def step_logits(model: Transformer, params, src_tokens: Array) -> search.TokensToLogits:
+  """The search's step function: (tokens [n, 1], cache, step) -> (logits [n, vocab], cache)."""
+
+  def tokens_to_logits(tokens, cache, step):
+    positions = jnp.full(tokens.shape, step, jnp.int32)
+    logits, variables = model.apply(
+        {"params": params, "cache": cache}, None, src_tokens, tokens,
+        target_positions=positions, decode=True, mutable=["cache"], method=Transformer.decode,
+    )
+    return logits[:, 0], variables["cache"]
+
+  return tokens_to_logits
+
+
+def decode_batch(
+    model: Transformer, params, src_tokens: Array, options: DecodeOptions,
+    max_decode_len: int, rng: Array | None = None,
+) -> Array:
+  """Best output tokens int32[batch, max_decode_len] (EOS, then PAD) for each source row.
+
+  Args:
+    src_tokens: int32[batch, src_len], EOS-terminated, PAD-padded.
+    max_decode_len: static output length; each row also stops at its own
+      input length + options.max_extra_len.
+  """
+  encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
+  cache = init_cache(model, params, encoded, src_tokens, max_decode_len)
+  input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
+  max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
+  batch_size = src_tokens.shape[0]
+  common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths, eos_id=EOS_ID,
+                bos_id=BOS_ID, ignore_eos=options.ignore_eos)
+  if options.method == "beam":
+    step = step_logits(model, params, search.expand_to_beams(src_tokens, options.beam_size))
+    sequences, _ = search.beam_search(
+        step, cache, batch_size, options.beam_size, options.alpha, **common
+    )
+    return sequences[:, 0]
+  step = step_logits(model, params, src_tokens)
+  if options.method == "greedy":
+    return search.greedy_search(step, cache, batch_size, **common)
+  return search.sample(
+      step, cache, rng if rng is not None else jax.random.key(0), batch_size,
+      temperature=options.temperature, top_k=options.top_k, **common,
+  )
+
+
+class Translator:
+  """Jitted, sharded decoding of token batches for one model and set of params."""
+
+  def __init__(self, model: Transformer, params, mesh, options: DecodeOptions):
+    self.model, self.params, self.mesh, self.options = model, params, mesh, options
+    self._jitted = {}
+
+  def max_decode_len(self, src_len: int) -> int:
+    length = src_len + self.options.max_extra_len
+    if self.model.config.positions == "learned":
+      length = min(length, self.model.config.max_len)  # No positions past the table.
+    return length
+
+  def __call__(self, src_tokens: np.ndarray, rng: Array | None = None) -> np.ndarray:
+    """int32[batch, src_len] -> int32[batch, max_decode_len]; any batch size.
+
+    Rows are padded up to a multiple of the batch shards, so a batch the
+    device count does not divide still decodes.
+    """
+    shards = parallel.batch_shards(self.mesh)
+    rows = src_tokens.shape[0]
+    padded_rows = math.ceil(rows / shards) * shards
+    padded = np.full((padded_rows, src_tokens.shape[1]), PAD_ID, np.int32)
+    padded[:rows] = src_tokens
+    padded[rows:, 0] = EOS_ID  # Filler rows: an empty sentence.
+    max_len = self.max_decode_len(src_tokens.shape[1])
+    if max_len not in self._jitted:
+      self._jitted[max_len] = jax.jit(
+          lambda params, src, rng: decode_batch(self.model, params, src, self.options, max_len, rng),
+          in_shardings=(None, parallel.batch_sharding(self.mesh), None),
+          out_shardings=parallel.batch_sharding(self.mesh),
+      )
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
+      out = self._jitted[max_len](self.params, padded, rng)
+    return np.asarray(jax.device_get(out))[:rows]
+
+
+def translate_texts(
+    translator: Translator, tokenizer, sentences: Sequence[str], max_source_len: int,
+    tokens_per_batch: int = 4096, on_truncate=None, progress=None,
+) -> list[str]:
+  """Translates `sentences`, one output per input, in order.
+
+  Sentences are sorted by length and batched by a token budget for speed;
+  empty lines give empty outputs; sources longer than `max_source_len` tokens
+  are truncated (and reported through `on_truncate(index, length)`).
+  """
+  encoded = []
+  for index, sentence in enumerate(sentences):
+    if not sentence.strip():
+      encoded.append(None)
+      continue
+    ids = tokenizer.encode(sentence)
+    if len(ids) > max_source_len:
+      if on_truncate is not None:
+        on_truncate(index, len(ids))
+      ids = ids[: max_source_len - 1] + [EOS_ID]
+    encoded.append(ids)
+  outputs = [""] * len(sentences)
+  order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
+  done = 0
+  for batch_indices in _length_batches(order, encoded, tokens_per_batch):
+    src_len = _bucket(max(len(encoded[i]) for i in batch_indices))
+    src = np.full((len(batch_indices), src_len), PAD_ID, np.int32)
+    for row, i in enumerate(batch_indices):
+      src[row, : len(encoded[i])] = encoded[i]
+    for i, tokens in zip(batch_indices, translator(src)):
+      outputs[i] = tokenizer.decode(tokens.tolist())
+    done += len(batch_indices)
+    if progress is not None:
+      progress(done, len(order))
+  return outputs
+
+
+def _bucket(length: int) -> int:
+  """Pads source lengths to a few shapes (multiples of 8) to bound recompiles."""
+  return max(8, int(math.ceil(length / 8)) * 8)
+
+
+def _length_batches(order: list[int], encoded, tokens_per_batch: int) -> Iterator[list[int]]:
+  batch: list[int] = []
+  for i in order:
+    longest = _bucket(len(encoded[i]))
+    if batch and (len(batch) + 1) * longest > tokens_per_batch:
+      yield batch
+      batch = []
+    batch.append(i)
+  if batch:
+    yield batch
+
+
+def attention_weights(model: Transformer, params, src_tokens: Array, target_input_tokens: Array) -> dict[str, Any]:
+  """Every attention module's weights for one teacher-forced pass (for heat-maps).
+
+  Returns:
+    {module path: float32[batch, heads, q_len, k_len]}, e.g.
+    "encoder_0/self_attention_block/...".
+  """
+  _, state = model.apply(
+      {"params": params}, src_tokens, target_input_tokens, mutable=["intermediates"]
+  )
+  flat = jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]
+  return {
+      "/".join(str(getattr(k, "key", k)) for k in path[:-2]): value
+      for path, value in flat
+  }
