@@ -21,6 +21,32 @@ flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
 
 
+def quiet_libraries() -> None:
+  """Keeps Orbax's and TFDS's INFO chatter off the console (warnings still show)."""
+  import logging as python_logging
+
+  from absl import logging
+
+  def keep(record) -> bool:
+    noisy = any(name in record.pathname for name in ("orbax", "tensorflow_datasets", "jax/_src"))
+    return record.levelno >= python_logging.WARNING or not noisy
+
+  logging.get_absl_handler().addFilter(keep)
+
+
+def enable_compilation_cache() -> None:
+  """Reuses compiled steps across runs (a resumed run does not compile again).
+
+  $JAX_COMPILATION_CACHE_DIR wins; else ~/.cache/transformer_jax/xla.
+  """
+  import jax
+
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "transformer_jax", "xla")
+    jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def config_and_workdir():
   """The --config (validated on use) and --workdir, or a one-line UserError."""
   if FLAGS.config is None:

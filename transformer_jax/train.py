@@ -277,8 +277,7 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   optimizer = make_optimizer(config)
   state, state_shardings = create_train_state(model, optimizer, mesh, config.seed)
   if is_main:
-    logging.info("parameters:\n%s", format_counts(parameter_counts(state.params)))
-    print(format_counts(parameter_counts(state.params)), flush=True)
+    print("parameters:\n" + format_counts(parameter_counts(state.params)), flush=True)
     logging.info("pairs per split: %s; filtered from train: %s", data.split_sizes, data.filtered)
 
   manager = checkpoints.make_manager(
@@ -387,6 +386,8 @@ def main(argv):
 def _main():
   from transformer_jax import cli
 
+  cli.quiet_libraries()
+  cli.enable_compilation_cache()
   config, workdir = cli.config_and_workdir()
   parallel.maybe_initialize_distributed(
       cli.FLAGS.coordinator_address, cli.FLAGS.num_processes, cli.FLAGS.process_id
