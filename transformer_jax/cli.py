@@ -32,6 +32,9 @@ def quiet_libraries() -> None:
     return record.levelno >= python_logging.WARNING or not noisy
 
   logging.get_absl_handler().addFilter(keep)
+  import tensorflow_datasets as tfds
+
+  tfds.disable_progress_bar()
 
 
 def enable_compilation_cache() -> None:

@@ -208,6 +208,27 @@ def evaluate_loss(eval_fn, params, batches, mesh, label_smoothing, vocab_size) -
   )
 
 
+def make_translator(config, model, params, mesh):
+  """A Translator with the config's §6.1 search settings."""
+  from transformer_jax.decode import DecodeOptions, Translator
+
+  options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
+                          max_extra_len=config.max_decode_extra_len)
+  return Translator(model, params, mesh, options)
+
+
+def dev_bleu(config, translator, params, data) -> float:
+  """sacreBLEU of the first `config.eval_bleu_sentences` dev sentences."""
+  from transformer_jax.decode import translate_texts
+  from transformer_jax.metrics.bleu import sacre_bleu
+
+  sources, references = data.texts(data.eval_split)
+  count = config.eval_bleu_sentences
+  translator.params = params  # The jitted search takes params as an argument: no recompile.
+  hypotheses = translate_texts(translator, data.tokenizer, sources[:count], config.model.max_len)
+  return sacre_bleu(hypotheses, references[:count])[0]
+
+
 # --- Preemption ------------------------------------------------------------------------
 
 
@@ -310,6 +331,7 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   train_fn, eval_fn = compile_steps(model, optimizer, config, mesh, state_shardings)
   start_step = int(state.step)
   preemption = PreemptionWatcher()
+  translator = None  # Made at the first dev-BLEU evaluation.
   started = time.time()
   window_start, window_tokens = started, 0.0
   last_saved_step = start_step
@@ -360,6 +382,9 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
                 data.eval_split, shards, jax.process_index(), jax.process_count())),
             mesh, config.label_smoothing, config.model.vocab_size,
         )
+        if config.eval_bleu_sentences > 0:
+          translator = translator or make_translator(config, model, state.params, mesh)
+          dev["bleu"] = dev_bleu(config, translator, state.params, data)
         writer.write(dict(step=step, **dev), prefix="eval")
         if is_main:
           logging.info("step %d dev: %s", step, dev)

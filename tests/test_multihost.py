@@ -1,0 +1,80 @@
+"""Two processes on 127.0.0.1 (2 simulated devices each) train exactly like one with 4."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax import checkpoints, parallel
+from transformer_jax.inference import abstract_train_state, read_config
+from transformer_jax.model import Transformer
+
+STEPS = 4
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _train_command(workdir, prepared_dir):
+  return [
+      sys.executable, "-m", "transformer_jax.train", "--config=experiments/configs/tiny.py",
+      f"--workdir={workdir}", f"--config.num_train_steps={STEPS}",
+      f"--config.data.prepared_dir={prepared_dir}", "--config.eval_every_steps=100",
+      "--config.checkpoint_every_steps=100",
+  ]
+
+
+def _env(devices: int, **extra) -> dict:
+  env = dict(os.environ)
+  flags = env.get("XLA_FLAGS", "").split()
+  flags = [f for f in flags if "device_count" not in f]
+  env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+  env.update({k: str(v) for k, v in extra.items()})
+  return env
+
+
+def _final_params(workdir):
+  config = read_config(str(workdir))
+  config.model.vocab_size = config.model.vocab_size
+  mesh = parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  abstract = abstract_train_state(config, Transformer(config.model), mesh)
+  manager = checkpoints.make_manager(checkpoints.checkpoint_dir(str(workdir)), read_only=True)
+  state, _, _ = checkpoints.restore_latest(manager, abstract, with_data=False)
+  assert int(state.step) == STEPS
+  return jax.device_get(state.params)
+
+
+def test_two_processes_equal_one_process_with_four_devices(tmp_path):
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  prepared = tmp_path / "prepared"
+  single = subprocess.run(
+      _train_command(tmp_path / "single", prepared), cwd=repo, env=_env(4),
+      capture_output=True, text=True, timeout=600,
+  )
+  assert single.returncode == 0, single.stderr[-3000:]
+
+  port = _free_port()
+  processes = [
+      subprocess.Popen(
+          _train_command(tmp_path / "multi", prepared), cwd=repo,
+          env=_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=2,
+                   JAX_PROCESS_ID=i),
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      )
+      for i in range(2)
+  ]
+  outputs = [p.communicate(timeout=600) for p in processes]
+  for p, (_, err) in zip(processes, outputs):
+    assert p.returncode == 0, err[-3000:]
+  assert "process 0 of 2" in outputs[0][1] or "process 0 of 2" in outputs[0][0]
+
+  for a, b in zip(jax.tree.leaves(_final_params(tmp_path / "single")),
+                  jax.tree.leaves(_final_params(tmp_path / "multi"))):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
