@@ -1,0 +1,372 @@
+"""Runs Table 3's rows (or any named overrides) as one resumable sweep.
+
+  python experiments/ablations.py --config=experiments/configs/table3.py:base,cpu \
+      --rows=base,A1,B16,C_N2,D_ls0 --sweep=table3_cpu [--launcher=local]
+  python experiments/ablations.py --config=experiments/configs/tiny.py \
+      --rows=base,D_ls0 --row=narrow:model.d_ff=32 --sweep=smoke --config.num_train_steps=10
+
+Each row trains in `<runs_dir>/<row>` (default runs/<sweep>/<row>) from the
+base `--config` (and its `--config.*` overrides) plus the row's overrides:
+`--rows` names rows of experiments/configs/table3.py's `ROWS` (scaled to
+`--scale`, by default the config's `,cpu` suffix or else the paper's), and
+each `--row=NAME:key=value,...` adds one ad-hoc row. After training, the row's
+dev split (its first `--bleu_sentences`) is decoded with the config's beam
+search and scored; the result goes to `<runs_dir>/<row>/ablation_row.json`.
+
+Rerunning the same command resumes: finished rows are skipped, a half-trained
+row resumes from its last checkpoint. Launchers:
+- local: rows train in this process, one after another;
+- subprocess: each row is a `python -m transformer_jax.train` child;
+- print: writes one train command per row to results/<sweep>/commands.sh for a
+  cluster; afterwards `--launcher=report` scores the finished rows.
+Every launcher rewrites results/<sweep>/table.md (Table 3's columns) and
+results/<sweep>/curves.png (train and dev loss against step, one line per row).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULT_FILE = "ablation_row.json"
+LAUNCHERS = ("local", "subprocess", "print", "report")
+
+
+def load_table3():
+  """experiments/configs/table3.py as a module (configs are not a package)."""
+  path = REPO_ROOT / "experiments" / "configs" / "table3.py"
+  spec = importlib.util.spec_from_file_location("table3", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@dataclasses.dataclass
+class Row:
+  """One variant of the sweep: a name and dotted-key overrides of the base config."""
+
+  name: str
+  overrides: dict[str, Any]
+
+
+def parse_value(text: str) -> Any:
+  """'512' -> 512, '0.1' -> 0.1, 'True' -> True, '(8, 16)' -> (8, 16), else the string."""
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def parse_row(spec: str) -> Row:
+  """'NAME:key=value,key=value' -> Row (values as Python literals or strings)."""
+  name, sep, body = spec.partition(":")
+  if not name or not sep:
+    raise ValueError(f"--row={spec!r} must look like NAME:model.d_ff=1024,label_smoothing=0.0")
+  overrides = {}
+  for item in filter(None, body.split(",")):
+    key, eq, value = item.partition("=")
+    if not eq:
+      raise ValueError(f"--row={spec!r}: {item!r} is not key=value")
+    overrides[key.strip()] = parse_value(value.strip())
+  return Row(name, overrides)
+
+
+def table3_rows(names: list[str], scale: str, base_steps: int) -> list[Row]:
+  """Table 3's rows by name, scaled to `scale` with steps relative to `base_steps`."""
+  table3 = load_table3()
+  return [Row(name, table3.row_overrides(name, scale, base_steps)) for name in names]
+
+
+def row_config(base: ml_collections.ConfigDict, row: Row) -> ml_collections.ConfigDict:
+  """A validated copy of `base` with the row's overrides (and no test-split decode)."""
+  from transformer_jax.configs import validate_config
+
+  config = copy.deepcopy(base)
+  with config.unlocked():
+    load_table3().apply_overrides(config, row.overrides)
+    config.final_eval_split = ""  # Table 3 is scored on the dev split.
+  validate_config(config)
+  return config
+
+
+# --- Reading a row's state --------------------------------------------------------
+
+
+def read_metrics(workdir: Path) -> list[dict]:
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def training_finished(workdir: Path, steps: int) -> bool:
+  """Whether train logged its final dev evaluation (it checkpoints that step first)."""
+  return any(r["split"] == "eval" and r["step"] == steps for r in read_metrics(workdir))
+
+
+def finished_result(workdir: Path, config) -> dict | None:
+  """The row's saved result if it was scored for this config, else None."""
+  path = workdir / RESULT_FILE
+  if not path.exists():
+    return None
+  result = json.loads(path.read_text())
+  wanted = json.loads(config.to_json_best_effort())
+  return result if result.get("config") == wanted else None
+
+
+# --- Training and scoring ---------------------------------------------------------
+
+
+def train_command(config_spec: str, flag_args: list[str], row: Row, workdir: Path) -> list[str]:
+  """`python -m transformer_jax.train` for one row: the base flags, then the row's."""
+  row_flags = [f"--config.{k}={_flag_value(v)}" for k, v in row.overrides.items()]
+  return [sys.executable, "-m", "transformer_jax.train", f"--config={config_spec}",
+          *flag_args, *row_flags, "--config.final_eval_split=", f"--workdir={workdir}"]
+
+
+def _flag_value(value: Any) -> str:
+  return str(tuple(value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def train_row(config, workdir: Path, launcher: str, command: list[str]) -> None:
+  """Trains (or resumes) one row to config.num_train_steps."""
+  if launcher == "local":
+    from transformer_jax.train import train_and_evaluate
+
+    train_and_evaluate(copy.deepcopy(config), os.fspath(workdir))
+  else:
+    subprocess.run(command, check=True, cwd=REPO_ROOT)
+
+
+def score_row(config, workdir: Path, bleu_sentences: int, bleu_metric: str) -> dict:
+  """Dev PPL (from train's last evaluation), dev BLEU and the parameter count."""
+  from transformer_jax.data.pipeline import load_dataset
+  from transformer_jax.decode import DecodeOptions
+  from transformer_jax.evaluate import evaluate_texts
+  from transformer_jax.inference import load_run
+  from transformer_jax.model_info import parameter_counts
+
+  metrics = read_metrics(workdir)
+  dev = [r for r in metrics if r["split"] == "eval" and r["step"] == config.num_train_steps][-1]
+  run = load_run(os.fspath(workdir), "latest")
+  result = dict(step=run.step, dev_perplexity=dev["perplexity"], dev_nll=dev["nll"],
+                params=parameter_counts(run.params)["total"], bleu_metric=bleu_metric,
+                dev_bleu=None, scores=None)
+  if bleu_sentences != 0:
+    data = load_dataset(config.data)
+    sources, references = data.texts(data.eval_split)
+    if bleu_sentences > 0:
+      sources, references = sources[:bleu_sentences], references[:bleu_sentences]
+    options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
+                            max_extra_len=config.max_decode_extra_len)
+    scores, _ = evaluate_texts(run, sources, references, options)
+    result.update(dev_bleu=scores[bleu_metric], scores=scores, bleu_split=data.eval_split)
+  return result
+
+
+def run_sweep(base, rows: list[Row], sweep_dir: Path, runs_dir: Path, launcher: str = "local",
+              bleu_sentences: int = 256, bleu_metric: str = "auto", config_spec: str = "",
+              flag_args: list[str] | None = None, log=print) -> dict[str, dict]:
+  """Trains, scores and tabulates every row not already done; returns {row: result}."""
+  if launcher not in LAUNCHERS:
+    raise ValueError(f"--launcher={launcher!r} is not one of {', '.join(LAUNCHERS)}")
+  if len({r.name for r in rows}) != len(rows):
+    raise ValueError(f"row names repeat: {[r.name for r in rows]}")
+  if bleu_metric == "auto":
+    bleu_metric = "tok_bleu" if base.data.dataset == "multi30k" else "paper_bleu"
+  sweep_dir.mkdir(parents=True, exist_ok=True)
+  configs = {row.name: row_config(base, row) for row in rows}
+  results, commands = {}, []
+  for row in rows:
+    config, workdir = configs[row.name], runs_dir / row.name
+    done = finished_result(workdir, config)
+    if done is not None:
+      log(f"[{row.name}] finished earlier: skipped")
+      results[row.name] = done
+      continue
+    command = train_command(config_spec, flag_args or [], row, workdir)
+    trained = training_finished(workdir, config.num_train_steps)
+    if launcher == "print":
+      if not trained:
+        commands.append(shlex.join(command))
+      continue
+    if not trained:
+      if launcher == "report":
+        log(f"[{row.name}] not trained yet: left out")
+        continue
+      log(f"[{row.name}] training {row.overrides or '(base)'} in {workdir}")
+      train_row(config, workdir, launcher, command)
+    log(f"[{row.name}] scoring the dev split")
+    result = score_row(config, workdir, bleu_sentences, bleu_metric)
+    result.update(row=row.name, overrides=row.overrides,
+                  config=json.loads(config.to_json_best_effort()))
+    (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+    results[row.name] = result
+    write_report(sweep_dir, rows, configs, results, runs_dir)  # After every row.
+  if launcher == "print":
+    path = sweep_dir / "commands.sh"
+    path.write_text("".join(c + "\n" for c in commands))
+    log(f"{len(commands)} rows to train: one command a line in {path}; then rerun "
+        "with --launcher=report")
+  write_report(sweep_dir, rows, configs, results, runs_dir)
+  return results
+
+
+# --- The table and the curves -----------------------------------------------------
+
+COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "train steps")
+
+
+def _row_values(config) -> list[str]:
+  from transformer_jax.model_config import ModelConfig
+
+  m = ModelConfig.from_config(config.model)
+  layers = (str(m.num_encoder_layers) if m.num_encoder_layers == m.num_decoder_layers
+            else f"{m.num_encoder_layers}+{m.num_decoder_layers}")
+  positions = "" if m.positions == "sinusoidal" else f"{m.positions} positions"
+  return [layers, str(m.d_model), str(m.d_ff), str(m.num_heads), str(m.d_k), str(m.d_v),
+          f"{m.dropout_rate:g}", f"{config.label_smoothing:g}", _steps(config.num_train_steps),
+          positions]
+
+
+def _steps(steps: int) -> str:
+  return f"{steps // 1000}K" if steps >= 1000 and steps % 1000 == 0 else str(steps)
+
+
+def format_table(rows: list[Row], configs: dict, results: dict) -> str:
+  """Markdown in Table 3's layout: the first row in full, the others only where they differ."""
+  paper = load_table3().PAPER
+  bleu_name = next((r["bleu_metric"] for r in results.values() if r.get("bleu_metric")), "BLEU")
+  header = ["row", *COLUMNS, "dev PPL", f"dev BLEU ({bleu_name})", "params ×10⁶",
+            "paper PPL", "paper BLEU", "notes"]
+  lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+  first = _row_values(configs[rows[0].name]) if rows else []
+  for index, row in enumerate(rows):
+    values = _row_values(configs[row.name])
+    shown = values if index == 0 else [v if v != f else "" for v, f in zip(values, first)]
+    result = results.get(row.name)
+    ppl = f"{result['dev_perplexity']:.2f}" if result else "not run"
+    bleu = (f"{result['dev_bleu']:.1f}" if result and result["dev_bleu"] is not None
+            else ("—" if result else ""))
+    params = f"{result['params'] / 1e6:.1f}" if result else ""
+    p_ppl, p_bleu = (f"{paper[row.name][0]:.2f}", f"{paper[row.name][1]:.1f}") \
+        if row.name in paper else ("", "")
+    lines.append("| " + " | ".join([row.name, *shown[:-1], ppl, bleu, params, p_ppl, p_bleu,
+                                      shown[-1]]) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
+                 runs_dir: Path) -> None:
+  """results/<sweep>/table.md and curves.png."""
+  done = [r for r in rows if r.name in results]
+  sentences = {r.get("scores", {}).get("sentences") for r in results.values() if r.get("scores")}
+  note = (f"Dev BLEU over the first {', '.join(str(s) for s in sorted(sentences))} dev "
+          "sentences; " if sentences else "")
+  text = (f"# {sweep_dir.name}\n\n{format_table(rows, configs, results)}\n"
+          f"{note}dev PPL is per token of the model's vocabulary, from training's last "
+          f"evaluation; {len(done)} of {len(rows)} rows finished. Paper columns: Table 3 "
+          "(WMT14 newstest2013, 100K steps).\n")
+  (sweep_dir / "table.md").write_text(text)
+  plot_curves(sweep_dir / "curves.png", {r.name: read_metrics(runs_dir / r.name) for r in rows})
+
+
+def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
+  """Train loss (left) and dev loss (right) against step, one line per row."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+
+  fig, (train_ax, dev_ax) = plt.subplots(1, 2, figsize=(11, 4))
+  for name, rows in metrics.items():
+    for ax, split in ((train_ax, "train"), (dev_ax, "eval")):
+      points = sorted((r["step"], r["loss"]) for r in rows if r["split"] == split)
+      if points:
+        ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=name)
+  for ax, title in ((train_ax, "train loss (label-smoothed)"), (dev_ax, "dev loss")):
+    ax.set_xlabel("step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize="small")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+# --- Command line -----------------------------------------------------------------
+
+
+def define_flags() -> None:
+  from absl import flags
+
+  from transformer_jax import cli  # noqa: F401  (defines --config)
+
+  flags.DEFINE_string("sweep", None, "Sweep name: results/<sweep>/ and runs/<sweep>/.")
+  flags.DEFINE_list("rows", [], "Table 3 rows (experiments/configs/table3.py ROWS), e.g. base,A1.")
+  flags.DEFINE_multi_string("row", [], "An ad-hoc row: NAME:key=value,key=value.")
+  flags.DEFINE_enum("scale", None, ["paper", "cpu"],
+                    "Scale of Table 3 rows; default: the config's ',cpu' suffix, else paper.")
+  flags.DEFINE_enum("launcher", "local", list(LAUNCHERS), "Where rows train.")
+  flags.DEFINE_integer("bleu_sentences", 256, "Dev sentences decoded per row; -1: all; 0: none.")
+  flags.DEFINE_string("bleu", "auto", "Score in the table: paper_bleu, tok_bleu, sacrebleu, "
+                      "chrf; auto: tok_bleu on multi30k, else paper_bleu.")
+  flags.DEFINE_string("results_dir", "results", "Folder of results/<sweep>/.")
+  flags.DEFINE_string("runs_dir", None, "Row workdirs; default runs/<sweep>.")
+
+
+def main(argv: list[str]) -> None:
+  from absl import flags
+  from ml_collections import config_flags
+
+  from transformer_jax import cli
+  from transformer_jax.errors import UserError
+
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; use --rows=A1,B16 or --row=NAME:key=value")
+  FLAGS = flags.FLAGS
+  if FLAGS.config is None or not FLAGS.sweep:
+    raise UserError("--config and --sweep are required, e.g. --config="
+                    "experiments/configs/table3.py:base,cpu --sweep=table3_cpu --rows=base,A1")
+  cli.quiet_libraries()
+  cli.enable_compilation_cache()
+  spec = config_flags.get_config_filename(FLAGS["config"])
+  scale = FLAGS.scale or ("cpu" if spec.endswith(",cpu") else "paper")
+  base = FLAGS.config
+  try:
+    rows = table3_rows(FLAGS.rows, scale, base.num_train_steps) + [parse_row(r) for r in FLAGS.row]
+  except (ValueError, KeyError) as e:
+    raise UserError(str(e).strip("'\"")) from None
+  if not rows:
+    raise UserError("no rows: pass --rows=base,A1,... and/or --row=NAME:key=value")
+  flag_args = [a for a in sys.argv[1:] if a.startswith("--config.")]
+  runs_dir = Path(FLAGS.runs_dir or Path("runs") / FLAGS.sweep).resolve()
+  sweep_dir = Path(FLAGS.results_dir).resolve() / FLAGS.sweep
+  try:
+    run_sweep(base, rows, sweep_dir, runs_dir, FLAGS.launcher, FLAGS.bleu_sentences,
+              FLAGS.bleu, spec, flag_args)
+  except (ValueError, KeyError) as e:
+    raise UserError(str(e).strip("'\"")) from None
+  print(f"table: {sweep_dir / 'table.md'}\ncurves: {sweep_dir / 'curves.png'}")
+
+
+if __name__ == "__main__":
+  from absl import app
+
+  from transformer_jax.errors import exit_on_user_error
+
+  define_flags()
+  app.run(exit_on_user_error(main))

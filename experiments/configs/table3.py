@@ -1,0 +1,130 @@
+"""Table 3's variations of the base model, one named row each (§6.2).
+
+  python -m transformer_jax.train --config=experiments/configs/table3.py:A1 --workdir=runs/table3/A1
+  python -m transformer_jax.train --config=experiments/configs/table3.py:A1,cpu --workdir=runs/table3_cpu/A1
+  python experiments/ablations.py --config=experiments/configs/table3.py:base,cpu \
+      --rows=base,A1,A4,C_N2,D_drop0 --sweep=table3_cpu
+
+`get_config("ROW")` is the paper-scale row on WMT14 (wmt14_base.py plus the
+row's changes); `get_config("ROW,cpu")` is the same relative change applied to
+the Multi30k CPU recipe (multi30k.py: sizes and layers halved, steps scaled to
+its 2.4k). `ROWS` holds each row's paper-scale overrides as dotted keys, for
+the ablation runner; `row_overrides(row, scale)` scales them.
+
+Paper (newstest2013, no averaging): base PPL 4.92, BLEU 25.8, 65M parameters;
+every row's numbers are in the `PAPER` dict. Here: not yet measured, at either
+scale.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+# Paper-scale changes from the base row (N=6, d_model 512, d_ff 2048, h 8,
+# d_k=d_v=64, P_drop 0.1, ε_ls 0.1, 100k steps).
+ROWS: dict[str, dict[str, Any]] = {
+    "base": {},
+    # (A) heads at constant computation.
+    "A1": {"model.num_heads": 1, "model.d_k": 512, "model.d_v": 512},
+    "A4": {"model.num_heads": 4, "model.d_k": 128, "model.d_v": 128},
+    "A16": {"model.num_heads": 16, "model.d_k": 32, "model.d_v": 32},
+    "A32": {"model.num_heads": 32, "model.d_k": 16, "model.d_v": 16},
+    # (B) smaller attention keys.
+    "B16": {"model.d_k": 16},
+    "B32": {"model.d_k": 32},
+    # (C) model size.
+    "C_N2": {"model.num_layers": 2},
+    "C_N4": {"model.num_layers": 4},
+    "C_N8": {"model.num_layers": 8},
+    "C_d256": {"model.d_model": 256, "model.d_k": 32, "model.d_v": 32},
+    "C_d1024": {"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128},
+    "C_ff1024": {"model.d_ff": 1024},
+    "C_ff4096": {"model.d_ff": 4096},
+    # (D) regularisation.
+    "D_drop0": {"model.dropout_rate": 0.0},
+    "D_drop2": {"model.dropout_rate": 0.2},
+    "D_ls0": {"label_smoothing": 0.0},
+    "D_ls2": {"label_smoothing": 0.2},
+    # (E) positions.
+    "E_learned": {"model.positions": "learned"},
+    # big: N=6, d_model 1024, d_ff 4096, h 16, P_drop 0.3, 300k steps.
+    "big": {"model.d_model": 1024, "model.d_ff": 4096, "model.num_heads": 16,
+            "model.dropout_rate": 0.3, "num_train_steps": 300_000},
+}
+
+# Table 3's reported dev numbers: (PPL, BLEU, params in millions or None).
+PAPER: dict[str, tuple[float, float, float | None]] = {
+    "base": (4.92, 25.8, 65), "A1": (5.29, 24.9, None), "A4": (5.00, 25.5, None),
+    "A16": (4.91, 25.8, None), "A32": (5.01, 25.4, None), "B16": (5.16, 25.1, 58),
+    "B32": (5.01, 25.4, 60), "C_N2": (6.11, 23.7, 36), "C_N4": (5.19, 25.3, 50),
+    "C_N8": (4.88, 25.5, 80), "C_d256": (5.75, 24.5, 28), "C_d1024": (4.66, 26.0, 168),
+    "C_ff1024": (5.12, 25.4, 53), "C_ff4096": (4.75, 26.2, 90),
+    "D_drop0": (5.77, 24.6, None), "D_drop2": (4.95, 25.5, None),
+    "D_ls0": (4.67, 25.3, None), "D_ls2": (5.47, 25.7, None),
+    "E_learned": (4.92, 25.7, None), "big": (4.33, 26.4, 213),
+}
+
+SCALES = ("paper", "cpu")
+_PAPER_STEPS = 100_000
+# cpu: the Multi30k recipe halves widths and depth (512 -> 256, 6 -> 3 layers).
+_SIZE_KEYS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v", "model.num_layers")
+_CPU_SIZE_FACTOR = 0.5
+
+
+def _sibling(name: str):
+  """Another config file of this folder, loaded by path (configs are not a package)."""
+  spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def base_config(scale: str = "paper") -> ml_collections.ConfigDict:
+  """The base row: wmt14_base (paper) or the Multi30k CPU recipe (cpu)."""
+  if scale not in SCALES:
+    raise ValueError(f"scale {scale!r} is not one of {', '.join(SCALES)}")
+  config = _sibling("wmt14_base" if scale == "paper" else "multi30k").get_config()
+  # Table 3 reports newstest2013 without checkpoint averaging.
+  config.average_last_checkpoints = 1
+  return config
+
+
+def row_overrides(row: str, scale: str = "paper", base_steps: int | None = None) -> dict[str, Any]:
+  """`ROWS[row]` scaled to `scale`: sizes halved for cpu, and steps kept in the
+  paper's ratio to the base row's (`base_steps`, default the scale's base)."""
+  if row not in ROWS:
+    raise ValueError(f"unknown Table 3 row {row!r}; rows: {', '.join(ROWS)}")
+  if scale not in SCALES:
+    raise ValueError(f"scale {scale!r} is not one of {', '.join(SCALES)}")
+  base_steps = base_steps or base_config(scale).num_train_steps
+  overrides = dict(ROWS[row])
+  for key, value in overrides.items():
+    if key in _SIZE_KEYS and scale == "cpu":
+      overrides[key] = max(1, int(value * _CPU_SIZE_FACTOR))
+    elif key == "num_train_steps":
+      overrides[key] = max(1, int(value * base_steps / _PAPER_STEPS))
+  return overrides
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+  """Sets dotted keys ('model.d_k') on `config` in place; returns it."""
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    if leaf not in node:
+      raise KeyError(f"config has no key {key!r}")
+    node[leaf] = value
+  return config
+
+
+def get_config(arg: str = "base") -> ml_collections.ConfigDict:
+  """`arg` is 'ROW' (paper scale) or 'ROW,cpu'."""
+  row, _, scale = arg.partition(",")
+  config = base_config(scale or "paper")
+  return apply_overrides(config, row_overrides(row, scale or "paper"))
