@@ -28,6 +28,10 @@ def _train_command(workdir, prepared_dir):
       f"--workdir={workdir}", f"--config.num_train_steps={STEPS}",
       f"--config.data.prepared_dir={prepared_dir}", "--config.eval_every_steps=100",
       "--config.checkpoint_every_steps=100",
+      # Adam's ε = 1e-9 turns any last-bit difference in a near-zero gradient
+      # entry into a full ±lr step (g/√v ≈ sign g); a larger ε keeps the update
+      # a smooth function of the gradient, so the comparison is well-posed.
+      "--config.adam_eps=1e-3",
   ]
 
 
@@ -74,10 +78,7 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
     assert p.returncode == 0, err[-3000:]
   assert "process 0 of 2" in outputs[0][1] or "process 0 of 2" in outputs[0][0]
 
-  # Gloo's cross-process all-reduce sums in another order than one process
-  # does; Adam's g/√v turns those last-bit differences on near-zero gradient
-  # entries into ~3e-5 parameter differences after 4 steps (measured), far
-  # below the ~5e-2 size of one update at this learning rate.
+  # Gloo's cross-process all-reduce may sum in another order than one process.
   for a, b in zip(jax.tree.leaves(_final_params(tmp_path / "single")),
                   jax.tree.leaves(_final_params(tmp_path / "multi"))):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -14,12 +14,12 @@ def get_config():
   config.model.update(dict(num_layers=2, d_model=128, d_ff=512, num_heads=4, dropout_rate=0.1))
   config.data.update(dict(dataset="generated_translation", num_generated_train=200_000,
                           num_generated_eval=500, max_len=32, tokens_per_batch=2048))
-  config.num_train_steps = 800
+  config.num_train_steps = 500
   config.schedule = "linear_rsqrt"
   config.learning_rate = 2e-3
-  config.warmup_steps = 200
+  config.warmup_steps = 150
   config.log_every_steps = 100
-  config.eval_every_steps = 800
+  config.eval_every_steps = 500
   config.eval_bleu_sentences = 0
   config.checkpoint_every_steps = 400
   config.checkpoint_every_minutes = 5.0
