@@ -2,8 +2,11 @@
 
   python -m transformer_jax.train --config=experiments/configs/quickstart.py --workdir=runs/quickstart
 
-Trains on 2 CPU cores in a few minutes, then translates the test split with
-beam search (beam 4, α 0.6) and prints BLEU.
+Trains 800 steps, then translates the 500-sentence test split with beam search
+(beam 4, α 0.6) and prints BLEU. Measured 2026-11-29 on 2 shared CPU cores:
+test sacreBLEU 98.57 after 800 steps (88.08 after 500 steps). The wall time
+depended on the machine's load: 16 min for the 500-step variant in a fresh
+venv, install included, while other jobs kept the load average at 4–6.
 """
 
 from transformer_jax.configs import default_config
@@ -14,12 +17,12 @@ def get_config():
   config.model.update(dict(num_layers=2, d_model=128, d_ff=512, num_heads=4, dropout_rate=0.1))
   config.data.update(dict(dataset="generated_translation", num_generated_train=200_000,
                           num_generated_eval=500, max_len=32, tokens_per_batch=2048))
-  config.num_train_steps = 500
+  config.num_train_steps = 800
   config.schedule = "linear_rsqrt"
   config.learning_rate = 2e-3
-  config.warmup_steps = 150
+  config.warmup_steps = 200
   config.log_every_steps = 100
-  config.eval_every_steps = 500
+  config.eval_every_steps = 800
   config.eval_bleu_sentences = 0
   config.checkpoint_every_steps = 400
   config.checkpoint_every_minutes = 5.0
