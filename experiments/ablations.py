@@ -20,7 +20,7 @@ row resumes from its last checkpoint. Launchers:
 - print: writes one train command per row to results/<sweep>/commands.sh for a
   cluster; afterwards `--launcher=report` scores the finished rows.
 Every launcher rewrites results/<sweep>/table.md (Table 3's columns) and
-results/<sweep>/curves.png (train and dev loss against step, one line per row).
+results/<sweep>/curves.png (train and dev NLL against step, one line per row).
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ import copy
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
@@ -116,7 +117,7 @@ def training_finished(workdir: Path, steps: int) -> bool:
   return any(r["split"] == "eval" and r["step"] == steps for r in read_metrics(workdir))
 
 
-def finished_result(workdir: Path, config) -> dict | None:
+def finished_result(workdir: Path, config: ml_collections.ConfigDict) -> dict | None:
   """The row's saved result if it was scored for this config, else None."""
   path = workdir / RESULT_FILE
   if not path.exists():
@@ -140,7 +141,8 @@ def _flag_value(value: Any) -> str:
   return str(tuple(value)) if isinstance(value, (list, tuple)) else str(value)
 
 
-def train_row(config, workdir: Path, launcher: str, command: list[str]) -> None:
+def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
+              command: list[str]) -> None:
   """Trains (or resumes) one row to config.num_train_steps."""
   if launcher == "local":
     from transformer_jax.train import train_and_evaluate
@@ -150,7 +152,8 @@ def train_row(config, workdir: Path, launcher: str, command: list[str]) -> None:
     subprocess.run(command, check=True, cwd=REPO_ROOT)
 
 
-def score_row(config, workdir: Path, bleu_sentences: int, bleu_metric: str) -> dict:
+def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: int,
+              bleu_metric: str) -> dict:
   """Dev PPL (from train's last evaluation), dev BLEU and the parameter count."""
   from transformer_jax.data.pipeline import load_dataset
   from transformer_jax.decode import DecodeOptions
@@ -176,9 +179,10 @@ def score_row(config, workdir: Path, bleu_sentences: int, bleu_metric: str) -> d
   return result
 
 
-def run_sweep(base, rows: list[Row], sweep_dir: Path, runs_dir: Path, launcher: str = "local",
-              bleu_sentences: int = 256, bleu_metric: str = "auto", config_spec: str = "",
-              flag_args: list[str] | None = None, log=print) -> dict[str, dict]:
+def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path, runs_dir: Path,
+              launcher: str = "local", bleu_sentences: int = 256, bleu_metric: str = "auto",
+              config_spec: str = "", flag_args: list[str] | None = None,
+              log: Callable[[str], Any] = print) -> dict[str, dict]:
   """Trains, scores and tabulates every row not already done; returns {row: result}."""
   if launcher not in LAUNCHERS:
     raise ValueError(f"--launcher={launcher!r} is not one of {', '.join(LAUNCHERS)}")
@@ -208,19 +212,22 @@ def run_sweep(base, rows: list[Row], sweep_dir: Path, runs_dir: Path, launcher: 
         continue
       log(f"[{row.name}] training {row.overrides or '(base)'} in {workdir}")
       train_row(config, workdir, launcher, command)
+      if not training_finished(workdir, config.num_train_steps):  # E.g. preempted (SIGTERM).
+        log(f"[{row.name}] stopped before step {config.num_train_steps}; rerun to resume")
+        continue
     log(f"[{row.name}] scoring the dev split")
     result = score_row(config, workdir, bleu_sentences, bleu_metric)
     result.update(row=row.name, overrides=row.overrides,
                   config=json.loads(config.to_json_best_effort()))
     (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
     results[row.name] = result
-    write_report(sweep_dir, rows, configs, results, runs_dir)  # After every row.
+    write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)  # After every row.
   if launcher == "print":
     path = sweep_dir / "commands.sh"
     path.write_text("".join(c + "\n" for c in commands))
     log(f"{len(commands)} rows to train: one command a line in {path}; then rerun "
         "with --launcher=report")
-  write_report(sweep_dir, rows, configs, results, runs_dir)
+  write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)
   return results
 
 
@@ -245,11 +252,10 @@ def _steps(steps: int) -> str:
   return f"{steps // 1000}K" if steps >= 1000 and steps % 1000 == 0 else str(steps)
 
 
-def format_table(rows: list[Row], configs: dict, results: dict) -> str:
+def format_table(rows: list[Row], configs: dict, results: dict, bleu_metric: str) -> str:
   """Markdown in Table 3's layout: the first row in full, the others only where they differ."""
   paper = load_table3().PAPER
-  bleu_name = next((r["bleu_metric"] for r in results.values() if r.get("bleu_metric")), "BLEU")
-  header = ["row", *COLUMNS, "dev PPL", f"dev BLEU ({bleu_name})", "params ×10⁶",
+  header = ["row", *COLUMNS, "dev PPL", f"dev BLEU ({bleu_metric})", "params ×10⁶",
             "paper PPL", "paper BLEU", "notes"]
   lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
   first = _row_values(configs[rows[0].name]) if rows else []
@@ -260,7 +266,7 @@ def format_table(rows: list[Row], configs: dict, results: dict) -> str:
     ppl = f"{result['dev_perplexity']:.2f}" if result else "not run"
     bleu = (f"{result['dev_bleu']:.1f}" if result and result["dev_bleu"] is not None
             else ("—" if result else ""))
-    params = f"{result['params'] / 1e6:.1f}" if result else ""
+    params = f"{result['params'] / 1e6:.3g}" if result else ""
     p_ppl, p_bleu = (f"{paper[row.name][0]:.2f}", f"{paper[row.name][1]:.1f}") \
         if row.name in paper else ("", "")
     lines.append("| " + " | ".join([row.name, *shown[:-1], ppl, bleu, params, p_ppl, p_bleu,
@@ -269,13 +275,13 @@ def format_table(rows: list[Row], configs: dict, results: dict) -> str:
 
 
 def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
-                 runs_dir: Path) -> None:
+                 runs_dir: Path, bleu_metric: str) -> None:
   """results/<sweep>/table.md and curves.png."""
   done = [r for r in rows if r.name in results]
   sentences = {r.get("scores", {}).get("sentences") for r in results.values() if r.get("scores")}
   note = (f"Dev BLEU over the first {', '.join(str(s) for s in sorted(sentences))} dev "
           "sentences; " if sentences else "")
-  text = (f"# {sweep_dir.name}\n\n{format_table(rows, configs, results)}\n"
+  text = (f"# {sweep_dir.name}\n\n{format_table(rows, configs, results, bleu_metric)}\n"
           f"{note}dev PPL is per token of the model's vocabulary, from training's last "
           f"evaluation; {len(done)} of {len(rows)} rows finished. Paper columns: Table 3 "
           "(WMT14 newstest2013, 100K steps).\n")
@@ -284,7 +290,10 @@ def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
 
 
 def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
-  """Train loss (left) and dev loss (right) against step, one line per row."""
+  """Train (left) and dev (right) NLL = log PPL against step, one line per row.
+
+  NLL, not the label-smoothed loss, so rows with different ε_ls compare.
+  """
   import matplotlib
 
   matplotlib.use("Agg")
@@ -293,10 +302,10 @@ def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
   fig, (train_ax, dev_ax) = plt.subplots(1, 2, figsize=(11, 4))
   for name, rows in metrics.items():
     for ax, split in ((train_ax, "train"), (dev_ax, "eval")):
-      points = sorted((r["step"], r["loss"]) for r in rows if r["split"] == split)
+      points = sorted((r["step"], math.log(r["perplexity"])) for r in rows if r["split"] == split)
       if points:
         ax.plot(*zip(*points), marker="o" if len(points) < 20 else None, label=name)
-  for ax, title in ((train_ax, "train loss (label-smoothed)"), (dev_ax, "dev loss")):
+  for ax, title in ((train_ax, "train NLL (log PPL)"), (dev_ax, "dev NLL (log PPL)")):
     ax.set_xlabel("step")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -348,7 +357,7 @@ def main(argv: list[str]) -> None:
   base = FLAGS.config
   try:
     rows = table3_rows(FLAGS.rows, scale, base.num_train_steps) + [parse_row(r) for r in FLAGS.row]
-  except (ValueError, KeyError) as e:
+  except (ValueError, KeyError, TypeError) as e:
     raise UserError(str(e).strip("'\"")) from None
   if not rows:
     raise UserError("no rows: pass --rows=base,A1,... and/or --row=NAME:key=value")
@@ -358,7 +367,7 @@ def main(argv: list[str]) -> None:
   try:
     run_sweep(base, rows, sweep_dir, runs_dir, FLAGS.launcher, FLAGS.bleu_sentences,
               FLAGS.bleu, spec, flag_args)
-  except (ValueError, KeyError) as e:
+  except (ValueError, KeyError, TypeError) as e:
     raise UserError(str(e).strip("'\"")) from None
   print(f"table: {sweep_dir / 'table.md'}\ncurves: {sweep_dir / 'curves.png'}")
 

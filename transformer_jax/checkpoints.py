@@ -11,7 +11,10 @@ interrupted save is never listed as the latest step.
 from __future__ import annotations
 
 import os
-from typing import Any
+import re
+import sys
+import time
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -35,6 +38,7 @@ def make_manager(
     directory: str, max_to_keep: int | None = 5, async_save: bool = True, read_only: bool = False
 ) -> ocp.CheckpointManager:
   """A CheckpointManager over `directory` (saves are asynchronous by default)."""
+  _drop_closed_loop_callbacks()
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep,
       enable_async_checkpointing=async_save,
@@ -44,6 +48,26 @@ def make_manager(
   return ocp.CheckpointManager(directory, options=options)
 
 
+def _drop_closed_loop_callbacks() -> None:
+  """Silences tensorstore's 'Event loop is closed' reports after a failed read or write.
+
+  Orbax closes its event loop when one read or write fails; the others finish
+  later and tensorstore prints each as an unraisable RuntimeError (dozens of
+  tracebacks). The failure itself is raised, and reported, once.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_closed_loop_callbacks", False):
+    return
+
+  def hook(unraisable) -> None:
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook.drops_closed_loop_callbacks = True
+  sys.unraisablehook = hook
+
+
 def save(
     manager: ocp.CheckpointManager,
     step: int,
@@ -51,11 +75,41 @@ def save(
     data_state: dict | None,
     meta: dict,
 ) -> None:
-  """Starts saving `state` at `step` (returns before the write completes)."""
+  """Starts saving `state` at `step` (returns before the write completes).
+
+  A failed write (a full disk, a read-only folder) of this or the previous
+  asynchronous save is a one-line UserError.
+  """
   items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
   if data_state is not None:
     items["data"] = ocp.args.JsonSave(data_state)
-  manager.save(step, args=ocp.args.Composite(**items), force=True)
+  try:
+    manager.save(step, args=ocp.args.Composite(**items), force=True)
+  except Exception as e:  # Orbax re-raises a background write's error as it was.
+    raise _write_error(manager, e) from e
+
+
+def wait_until_finished(manager: ocp.CheckpointManager) -> None:
+  """Waits for the asynchronous save in flight; a failed write is a UserError."""
+  try:
+    manager.wait_until_finished()
+  except Exception as e:
+    raise _write_error(manager, e) from e
+
+
+def _write_error(manager: ocp.CheckpointManager, error: Exception) -> UserError:
+  os_error = re.search(r": ([^:\[\]]+) \[os_error_code='\d+'\]", str(error))  # Tensorstore's.
+  if isinstance(error, OSError):
+    message = f"{error.strerror}: {error.filename}"
+  elif os_error:
+    message = os_error.group(1)
+  else:
+    message = " ".join(str(error).split())[:300]
+  return UserError(
+      f"writing a checkpoint in {manager.directory} failed ({message}); "
+      f"the complete checkpoints (steps {sorted(manager.all_steps())}) are intact; free disk "
+      "space or make the folder writable, then rerun the command to resume"
+  )
 
 
 def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
@@ -63,40 +117,82 @@ def read_meta(manager: ocp.CheckpointManager, step: int) -> dict:
 
 
 def restore_latest(
-    manager: ocp.CheckpointManager, abstract_state: Any, with_data: bool = True
+    manager: ocp.CheckpointManager,
+    abstract_state: Any,
+    with_data: bool = True,
+    check_meta: Callable[[dict], None] | None = None,
+    set_aside_unreadable: bool = False,
 ) -> tuple[Any, dict | None, dict] | None:
   """Restores the newest readable checkpoint onto `abstract_state`'s shardings.
 
-  A checkpoint that fails to read (a truncated or deleted file) is reported
-  with a warning naming it, and the previous one is tried.
+  A checkpoint that fails to read (a truncated or deleted file) is reported on
+  stderr with a warning naming it, and the previous one is tried. With
+  `set_aside_unreadable` (training), it is moved to `checkpoints_unreadable/`
+  beside the checkpoint folder so that its step can be saved again.
+
+  Args:
+    check_meta: called with each checkpoint's meta before its state is read;
+      raises a UserError if the checkpoint does not fit the run.
 
   Returns:
     (state, data_state, meta), or None if there is no checkpoint.
   """
   steps = sorted(manager.all_steps(), reverse=True)
+  unreadable = []
+  restored = None
   for step in steps:
     try:
-      return restore_step(manager, step, abstract_state, with_data)
+      restored = restore_step(manager, step, abstract_state, with_data, check_meta)
+      break
     except UserError:
       raise
     except Exception as e:  # Orbax raises many types for damaged files.
+      path = os.path.join(str(manager.directory), str(step))
       message = " ".join(str(e).split())[:300]
-      logging.warning("checkpoint %s is unreadable (%s); falling back to the previous one",
-                      os.path.join(str(manager.directory), str(step)), message)
-      print(f"warning: checkpoint step {step} in {manager.directory} is unreadable; "
-            "falling back to the previous checkpoint", flush=True)
-  if steps:
+      logging.warning("checkpoint %s is unreadable (%s)", path, message)
+      print(f"warning: checkpoint {path} is unreadable ({type(e).__name__}); falling back to "
+            "the previous checkpoint", file=sys.stderr, flush=True)
+      unreadable.append(path)
+  if restored is None and steps:
     raise UserError(
         f"no readable checkpoint in {manager.directory} (tried steps {steps}); "
         "delete the folder to start fresh"
     )
-  return None
+  if unreadable and set_aside_unreadable:
+    _set_aside(manager, unreadable)
+  return restored
+
+
+def _set_aside(manager: ocp.CheckpointManager, paths: list[str]) -> None:
+  """Moves unreadable checkpoints out of the manager's folder (kept for inspection)."""
+  target_dir = os.path.join(os.path.dirname(str(manager.directory)), "checkpoints_unreadable")
+  if jax.process_index() == 0:
+    os.makedirs(target_dir, exist_ok=True)
+    for path in paths:
+      target = os.path.join(target_dir, f"{os.path.basename(path)}-{int(time.time())}")
+      os.rename(path, target)
+      print(f"warning: moved unreadable {path} to {target}", file=sys.stderr, flush=True)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("set aside unreadable checkpoints")
+  manager.reload()
 
 
 def restore_step(
-    manager: ocp.CheckpointManager, step: int, abstract_state: Any, with_data: bool = True
+    manager: ocp.CheckpointManager,
+    step: int,
+    abstract_state: Any,
+    with_data: bool = True,
+    check_meta: Callable[[dict], None] | None = None,
 ) -> tuple[Any, dict | None, dict]:
-  """Restores checkpoint `step`: (state, data_state or None, meta)."""
+  """Restores checkpoint `step`: (state, data_state or None, meta).
+
+  `check_meta(meta)` runs before the state is read, so a checkpoint of another
+  model fails with its UserError instead of an Orbax shape error.
+  """
+  if check_meta is not None:
+    check_meta(read_meta(manager, step))
   items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
   has_data = with_data and os.path.isdir(os.path.join(str(manager.directory), str(step), "data"))
   if has_data:

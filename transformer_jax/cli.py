@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -21,6 +23,41 @@ flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, but a mistake is one `error: ...` line and exit status 2.
+
+  For `app.run(main, flags_parser=parse_flags)`: absl prints usage for a bad
+  flag, and ml_collections a traceback for an unknown --config.<key>.
+  """
+  try:
+    return FLAGS(argv)
+  except Exception as e:  # flags.Error; KeyError, AttributeError, ... from --config.
+    message = " ".join(str(e).split())
+    if not isinstance(e, flags.Error):  # Raised while loading the --config file.
+      message = f"{type(e).__name__} in --config: {message}"
+    message = _unknown_config_key(argv) or message
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _unknown_config_key(argv: list[str]) -> str | None:
+  """'unknown config key ...; did you mean ...?' for the first unknown --config.<key>."""
+  from transformer_jax.configs import _all_keys, default_config
+
+  try:
+    keys = sorted(_all_keys(FLAGS["config"].value))
+  except Exception:  # No config file loaded (yet): the defaults have every key.
+    keys = sorted(_all_keys(default_config()))
+  for arg in argv[1:]:
+    if arg.startswith("--config."):
+      key = arg[len("--config."):].split("=", 1)[0]
+      if key not in keys:
+        close = difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
+        hint = f"; did you mean {' or '.join('--config.' + c for c in close)}?" if close else ""
+        return f"unknown config key --config.{key}{hint}"
+  return None
+
+
 def quiet_libraries() -> None:
   """Keeps Orbax's and TFDS's INFO chatter off the console (warnings still show)."""
   import logging as python_logging
@@ -29,6 +66,10 @@ def quiet_libraries() -> None:
 
   def keep(record) -> bool:
     noisy = any(name in record.pathname for name in ("orbax", "tensorflow_datasets", "jax/_src"))
+    if record.name == "asyncio" and "never retrieved" in str(record.msg):
+      return False  # A failed Orbax write's tasks; the error itself is reported once.
+    if "orbax" in record.pathname:  # Orbax logs a failed write with tracebacks from each
+      record.exc_info = record.exc_text = None  # thread; we raise it as one line.
     return record.levelno >= python_logging.WARNING or not noisy
 
   logging.get_absl_handler().addFilter(keep)
@@ -54,6 +95,11 @@ def config_and_workdir():
   """The --config (validated on use) and --workdir, or a one-line UserError."""
   if FLAGS.config is None:
     raise UserError("--config is required, e.g. --config=experiments/configs/quickstart.py")
+  try:
+    FLAGS.config.keys()  # ml_collections defers a config file's load error to first use.
+  except OSError as e:
+    reason = str(e).strip().splitlines()[-1].strip()
+    raise UserError(f"cannot load the --config file: {reason}") from None
   if not FLAGS.workdir:
     raise UserError("--workdir is required: the folder for checkpoints and metrics")
   workdir = os.path.abspath(os.path.expanduser(FLAGS.workdir))

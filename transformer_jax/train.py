@@ -292,7 +292,11 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   from transformer_jax.model_info import format_counts, parameter_counts
 
   is_main = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --workdir={workdir} ({e.strerror}); "
+                    "choose a writable folder") from None
   mesh, data, model = prepare_run(config, workdir)
   shards = parallel.batch_shards(mesh)
   optimizer = make_optimizer(config)
@@ -309,23 +313,30 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   )
   writer = MetricsWriter(workdir, config.num_train_steps)
   model_dict = model_config_dict(config)
-  restored = checkpoints.restore_latest(manager, checkpoints.abstract_like(state))
-  if restored is not None:
-    state, data_state, meta = restored
-    checkpoints.check_compatible(meta["config"]["model"], model_dict, workdir)
+
+  def check_meta(meta: dict) -> None:  # Before reading the state: a clear error, not Orbax's.
+    saved_model = dataclass_dict(ModelConfig.from_config(meta["config"]["model"]))  # Resolved too.
+    checkpoints.check_compatible(saved_model, model_dict, workdir)
     if meta.get("tokenizer_sha256") != data.tokenizer.sha256:
       raise UserError(
           f"the tokenizer does not match the checkpoint in {workdir} (sha256 "
           f"{data.tokenizer.sha256[:12]} vs {str(meta.get('tokenizer_sha256'))[:12]}); "
           "use the config the run was started with, or a new --workdir"
       )
+
+  restored = checkpoints.restore_latest(
+      manager, checkpoints.abstract_like(state), check_meta=check_meta, set_aside_unreadable=True
+  )
+  if restored is not None:
+    state, data_state, meta = restored
     train_iter.set_state(data_state)
-    writer.truncate_after(int(state.step))
     logging.info("resumed from step %d", int(state.step))
   elif is_main:
     data.tokenizer.save_copy(os.path.join(workdir, "tokenizer.model"))
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
+  # Rows a killed run logged after its last checkpoint (or before its first) are redone.
+  writer.truncate_after(int(state.step))
 
   meta = dict(config=json.loads(config.to_json_best_effort()), tokenizer_sha256=data.tokenizer.sha256)
   train_fn, eval_fn = compile_steps(model, optimizer, config, mesh, state_shardings)
@@ -347,10 +358,11 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
       batch = parallel.global_batch(model_batch(next(train_iter)), mesh)
       state, metrics = train_fn(state, batch)
       is_last = step == config.num_train_steps
+      preempted = preemption.requested  # Read once: a SIGTERM from here on waits a step.
       checkpoint_due = (
           step % config.checkpoint_every_steps == 0
           or time.time() - last_save_time > 60 * config.checkpoint_every_minutes
-          or preemption.requested or is_last
+          or preempted or is_last
       )
       log_due = step % config.log_every_steps == 0 or is_last
       window_tokens = window_tokens + metrics["tokens"]  # Stays on device: no sync.
@@ -388,11 +400,11 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
         writer.write(dict(step=step, **dev), prefix="eval")
         if is_main:
           logging.info("step %d dev: %s", step, dev)
-      if preemption.requested:
+      if preempted:
         logging.warning("SIGTERM: saved step %d; exiting so the job can be resumed", step)
         break
   finally:
-    manager.wait_until_finished()
+    checkpoints.wait_until_finished(manager)
     preemption.close()
     writer.close()
   return state
@@ -421,8 +433,12 @@ def _main():
     state = train_and_evaluate(config, workdir)
   except NonFiniteLossError as e:
     raise UserError(str(e)) from None
+  except OSError as e:  # A full disk or a read-only folder (metrics, tokenizer, config).
+    raise UserError(f"cannot write {e.filename or workdir} ({e.strerror}); free disk space or "
+                    "choose a writable --workdir; the complete checkpoints are intact") from None
+  finished = int(state.step) >= config.num_train_steps  # Not after a SIGTERM.
   del state
-  if config.final_eval_split and jax.process_index() == 0:
+  if config.final_eval_split and finished and jax.process_index() == 0:
     from transformer_jax.evaluate import final_report
 
     final_report(config, workdir)
@@ -431,6 +447,6 @@ def _main():
 if __name__ == "__main__":
   from absl import app
 
-  from transformer_jax import cli  # noqa: F401  (defines the flags)
+  from transformer_jax import cli  # Defines the flags.
 
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,21 @@
+"""translate keeps one output line per input line: empty, ordinary and over-long lines."""
+
+from __future__ import annotations
+
+from fault_tolerance import runner
+
+
+def test_translate_outputs_one_line_per_input_line(uninterrupted):
+  max_len = 64  # experiments/configs/tiny.py: config.model.max_len.
+  over_long = " ".join(["the dog sees the cat"] * 40)  # Far more than 64 tokens.
+  lines = ["the dog sees the cat .", "", over_long, "   ", "my brown horse sleeps ."]
+  result = runner.run(
+      runner.module_command("translate", f"--workdir={uninterrupted}", "--beam_size=2"),
+      timeout=runner.QUICK_TIMEOUT_S, stdin=("\n".join(lines) + "\n").encode(),
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  outputs = result.stdout.split("\n")[:-1]
+  assert len(outputs) == len(lines), outputs
+  assert outputs[1] == "" and outputs[3] == "", "blank lines must stay blank"
+  assert f"line 3 has" in result.stderr and f"truncated to {max_len}" in result.stderr
+  assert "Traceback" not in result.stderr

@@ -1,0 +1,108 @@
+"""experiments/ablations.py: a two-row sweep writes its table and curves, and resumes."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+import time
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_module(relative: str):
+  """A file of experiments/ as a module (registered, so its dataclasses resolve)."""
+  name = relative.replace("/", "_")[:-3]
+  spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relative)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def ablations():
+  return load_module("experiments/ablations.py")
+
+
+def tiny_base():
+  """The tiny config at 6 steps, one batch shape (one compile per row)."""
+  config = load_module("experiments/configs/tiny.py").get_config()
+  config.num_train_steps = 6
+  config.log_every_steps = 2
+  config.eval_every_steps = 3
+  config.data.bucket_boundaries = (48,)
+  config.beam_size = 2
+  return config
+
+
+def test_parse_row_reads_literals_and_strings(ablations):
+  row = ablations.parse_row("wide:model.d_ff=4096,label_smoothing=0.0,model.positions=learned")
+  assert row.name == "wide"
+  assert row.overrides == {"model.d_ff": 4096, "label_smoothing": 0.0,
+                           "model.positions": "learned"}
+  with pytest.raises(ValueError, match="NAME:"):
+    ablations.parse_row("no_colon")
+
+
+def test_table3_rows_scale_to_the_cpu_base(ablations):
+  a1, big = ablations.table3_rows(["A1", "big"], "cpu", base_steps=2000)
+  assert a1.overrides == {"model.num_heads": 1, "model.d_k": 256, "model.d_v": 256}
+  assert big.overrides["model.d_model"] == 512 and big.overrides["num_train_steps"] == 6000
+  (paper_big,) = ablations.table3_rows(["big"], "paper", base_steps=100_000)
+  assert paper_big.overrides["num_train_steps"] == 300_000
+
+
+def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path):
+  base = tiny_base()
+  rows = ablations.table3_rows(["base", "D_ls0"], "paper", base.num_train_steps)
+  sweep_dir, runs_dir = tmp_path / "results" / "smoke", tmp_path / "runs"
+  messages = []
+  started = time.time()
+  results = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=4,
+                                log=messages.append)
+  first_seconds = time.time() - started
+
+  table = (sweep_dir / "table.md").read_text()
+  for name in ("base", "D_ls0"):
+    assert results[name]["step"] == 6, results[name]
+    assert results[name]["dev_perplexity"] > 1 and results[name]["dev_bleu"] is not None
+    assert f"| {name} |" in table, table
+  assert "| ε_ls |" in table and "dev PPL" in table and "2 of 2 rows finished" in table, table
+  png = (sweep_dir / "curves.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000, "curves.png is not a plot"
+
+  # A second invocation finds both rows done and trains nothing.
+  result_files = {n: runs_dir / n / ablations.RESULT_FILE for n in ("base", "D_ls0")}
+  stamps = {n: p.stat().st_mtime_ns for n, p in result_files.items()}
+  messages.clear()
+  again = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=4,
+                              log=messages.append)
+  assert messages == ["[base] finished earlier: skipped", "[D_ls0] finished earlier: skipped"]
+  assert {n: p.stat().st_mtime_ns for n, p in result_files.items()} == stamps
+  assert again["base"]["dev_perplexity"] == results["base"]["dev_perplexity"]
+
+  # A cluster launcher lists only the rows still to train, one command each.
+  extra = ablations.parse_row("narrow:model.d_ff=32")
+  ablations.run_sweep(base, rows + [extra], sweep_dir, runs_dir, launcher="print",
+                      config_spec="experiments/configs/tiny.py", log=messages.append)
+  commands = (sweep_dir / "commands.sh").read_text().splitlines()
+  assert len(commands) == 1 and "--config.model.d_ff=32" in commands[0], commands
+  assert f"--workdir={runs_dir / 'narrow'}" in commands[0]
+  assert "| narrow |" in (sweep_dir / "table.md").read_text()
+  print(f"two-row sweep: {first_seconds:.0f} s")
+
+
+def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path):
+  base = tiny_base()
+  base.num_train_steps = 3
+  rows = [ablations.Row("base", {})]
+  sweep_dir, runs_dir = tmp_path / "results" / "grow", tmp_path / "runs"
+  ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0, log=lambda _: None)
+  base.num_train_steps = 4  # Same row, more steps: train resumes at step 3.
+  result = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0,
+                               log=lambda _: None)["base"]
+  steps = [r["step"] for r in ablations.read_metrics(runs_dir / "base") if r["split"] == "train"]
+  assert result["step"] == 4 and steps == sorted(set(steps)), steps

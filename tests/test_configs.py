@@ -1,0 +1,102 @@
+"""Every experiment config loads, validates, documents its command, and sizes like the paper."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import pathlib
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+import pytest
+
+from transformer_jax.configs import validate_config
+from transformer_jax.model_info import abstract_params, parameter_counts
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIG_FILES = sorted(CONFIG_DIR.glob("*.py"))
+
+
+def load(path: pathlib.Path):
+  name = f"config_{path.stem}"
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def table3():
+  return load(CONFIG_DIR / "table3.py")
+
+
+@functools.cache
+def _millions(model_items: tuple) -> float:
+  return parameter_counts(abstract_params(dict(model_items)))["total"] / 1e6
+
+
+def millions(config) -> float:
+  """Parameters of `config.model` at the paper's shared 37k vocabulary."""
+  model = config.model.to_dict()
+  model.update(vocab_size=37_000, dropout_rate=0.0)  # Dropout adds no parameters.
+  return _millions(tuple(sorted(model.items())))
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
+def test_config_loads_validates_and_documents_its_command(path):
+  module = load(path)
+  assert "python -m transformer_jax.train" in (module.__doc__ or ""), (
+      f"{path.name}'s docstring must give the command that runs it")
+  assert f"--config=experiments/configs/{path.name}" in module.__doc__, path.name
+  validate_config(module.get_config())
+
+
+@pytest.mark.parametrize("scale", ["paper", "cpu"])
+def test_every_table3_row_validates(table3, scale):
+  for row in table3.ROWS:
+    config = table3.get_config(f"{row},{scale}")
+    validate_config(config)
+    assert set(table3.PAPER) == set(table3.ROWS)
+  cpu = table3.get_config("base,cpu")
+  assert (cpu.data.dataset, cpu.model.d_model, cpu.model.num_layers) == ("multi30k", 256, 3)
+
+
+def test_config_flag_selects_a_table3_row():
+  argv = ["prog", f"--config={CONFIG_DIR / 'table3.py'}:A1,cpu", "--config.num_train_steps=7"]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  config = flag_values.config
+  assert (config.model.num_heads, config.model.d_k, config.model.d_v) == (1, 256, 256)
+  assert config.num_train_steps == 7
+
+
+def test_wmt14_configs_hold_the_papers_recipe():
+  base = load(CONFIG_DIR / "wmt14_base.py").get_config()
+  big = load(CONFIG_DIR / "wmt14_big.py").get_config()
+  m = base.model
+  assert (m.num_layers, m.d_model, m.d_ff, m.num_heads, m.d_k, m.d_v, m.dropout_rate) == (
+      6, 512, 2048, 8, 64, 64, 0.1)
+  assert (base.label_smoothing, base.warmup_steps, base.num_train_steps) == (0.1, 4000, 100_000)
+  assert (base.data.dataset, base.data.vocab_size, base.data.tokens_per_batch) == (
+      "wmt14", 37_000, 25_000)
+  assert base.data.eval_split == "validation"  # TFDS wmt14_translate: newstest2013.
+  assert (base.checkpoint_every_minutes, base.average_last_checkpoints) == (10.0, 5)
+  assert (base.beam_size, base.length_penalty, base.max_decode_extra_len) == (4, 0.6, 50)
+  assert (big.model.d_model, big.model.d_ff, big.model.num_heads, big.model.dropout_rate) == (
+      1024, 4096, 16, 0.3)
+  assert (big.num_train_steps, big.average_last_checkpoints) == (300_000, 20)
+  assert big.keep_checkpoints >= 20, "averaging the last 20 needs 20 kept checkpoints"
+
+
+def test_table3_parameter_counts_match_the_paper(table3):
+  base = millions(table3.get_config("base"))
+  for row, (_, _, paper) in table3.PAPER.items():
+    ours = millions(table3.get_config(row))
+    expected = paper if paper is not None else 65  # Unlisted rows: the base's size.
+    assert abs(ours - expected) / expected < 0.08, (
+        f"Table 3 row {row}: {ours:.1f}M parameters at a 37k vocabulary, the paper "
+        f"reports {expected}M")
+  assert 60 < base < 66
