@@ -1,0 +1,234 @@
+"""PyTorch references for `experiments/benchmark.py --compare`: same shapes, same recipe.
+
+  python experiments/torch_reference.py train --vocab_size=32000 --batch_size=64 \
+      --src_len=32 --tgt_len=32 --steps=5 --json
+  python experiments/torch_reference.py decode --vocab_size=32000 --batch_size=64 \
+      --src_len=32 --decode_steps=40 --beam_size=4 --json
+
+train: `torch.nn.TransformerEncoderLayer` / `TransformerDecoderLayer` stacks (the
+layers of `torch.nn.Transformer`: post-LN, ReLU, dropout 0.1, but without its
+extra final LayerNorms, which the paper's post-LN model does not have), one
+embedding shared by source, target and the pre-softmax projection, scaled by
+√d_model (§3.4), sinusoidal positions (§3.5), label-smoothed cross-entropy
+that ignores PAD (§5.4), Adam(0.9, 0.98, 1e-9) on the §5.3 schedule.
+
+decode: `transformers.MarianMTModel` (a post-LN Transformer with sinusoidal
+positions and shared, scaled embeddings) with random weights of the given
+size; `generate(num_beams=..., max_new_tokens=N, min_new_tokens=N)` so every
+sentence decodes exactly N tokens. Greedy is timed too.
+
+The last line printed with --json is one JSON object (`target_tokens_per_s`
+or `sentences_per_s`). Needs the `[bench]` extra: torch and transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # As transformer_jax.special_tokens.
+
+
+def sinusoids(length: int, d_model: int) -> torch.Tensor:
+  """float32[length, d_model]: sines in even channels, cosines in odd (§3.5)."""
+  position = torch.arange(length, dtype=torch.float32)[:, None]
+  inverse_frequency = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
+  angles = position * inverse_frequency
+  return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).reshape(length, d_model)
+
+
+class TorchTransformer(nn.Module):
+  """The paper's encoder-decoder from torch.nn's Transformer layers."""
+
+  def __init__(self, vocab_size: int, d_model: int, num_heads: int, d_ff: int,
+               encoder_layers: int, decoder_layers: int, dropout: float, max_len: int = 1024):
+    super().__init__()
+    self.d_model = d_model
+    self.embedding = nn.Embedding(vocab_size, d_model)
+    nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
+    layer = lambda cls: cls(d_model, num_heads, d_ff, dropout, activation="relu",
+                            batch_first=True, norm_first=False)
+    self.encoder = nn.TransformerEncoder(layer(nn.TransformerEncoderLayer), encoder_layers,
+                                         norm=None, enable_nested_tensor=False)
+    self.decoder = nn.TransformerDecoder(layer(nn.TransformerDecoderLayer), decoder_layers,
+                                         norm=None)
+    self.dropout = nn.Dropout(dropout)
+    self.register_buffer("positions", sinusoids(max_len, d_model), persistent=False)
+
+  def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    scaled = self.embedding(tokens) * math.sqrt(self.d_model)
+    return self.dropout(scaled + self.positions[: tokens.shape[1]])
+
+  def forward(self, src_tokens: torch.Tensor, target_input_tokens: torch.Tensor) -> torch.Tensor:
+    """int64[batch, src_len], int64[batch, tgt_len] -> logits [batch, tgt_len, vocab]."""
+    src_padding = src_tokens == PAD_ID
+    tgt_len = target_input_tokens.shape[1]
+    causal = torch.triu(torch.ones(tgt_len, tgt_len, dtype=torch.bool), diagonal=1)
+    memory = self.encoder(self.embed(src_tokens), src_key_padding_mask=src_padding)
+    decoded = self.decoder(self.embed(target_input_tokens), memory, tgt_mask=causal,
+                           tgt_is_causal=True, tgt_key_padding_mask=target_input_tokens == PAD_ID,
+                           memory_key_padding_mask=src_padding)
+    return decoded @ self.embedding.weight.T  # §3.4: tied pre-softmax weights.
+
+
+def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:
+  """int64[rows, length]: random non-special tokens ending in EOS (as benchmark.py)."""
+  tokens = np.random.default_rng(seed).integers(4, vocab_size, size=(rows, length))
+  tokens[:, -1] = EOS_ID
+  return torch.from_numpy(tokens.astype(np.int64))
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
+  times = []
+  for _ in range(max(1, repeats)):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return statistics.median(times), times
+
+
+def autocast(dtype: str):
+  """bf16 autocast on the CPU for --dtype=bfloat16, else a no-op."""
+  return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
+def benchmark_train(args: argparse.Namespace) -> dict[str, Any]:
+  torch.manual_seed(0)
+  model = TorchTransformer(args.vocab_size, args.d_model, args.num_heads, args.d_ff,
+                           args.encoder_layers, args.decoder_layers, args.dropout,
+                           max_len=max(args.src_len, args.tgt_len))
+  model.train()
+  optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+  warmup = 4000
+  schedule = torch.optim.lr_scheduler.LambdaLR(  # §5.3.
+      optimizer, lambda n: args.d_model**-0.5 * min((n + 1) ** -0.5, (n + 1) * warmup**-1.5))
+  src = synthetic_tokens(args.batch_size, args.src_len, args.vocab_size, 1)
+  targets = synthetic_tokens(args.batch_size, args.tgt_len, args.vocab_size, 2)
+  target_inputs = F.pad(targets[:, :-1], (1, 0), value=BOS_ID)
+  losses = []
+
+  def step():
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(args.dtype):
+      logits = model(src, target_inputs)
+    tokens = (targets != PAD_ID).sum()
+    loss = F.cross_entropy(logits.float().reshape(-1, args.vocab_size), targets.reshape(-1),
+                           ignore_index=PAD_ID, label_smoothing=0.1, reduction="sum") / tokens
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    losses.append(float(loss))
+
+  start = time.perf_counter()
+  step()
+  first_s = time.perf_counter() - start
+  for _ in range(args.warmup - 1):
+    step()
+  seconds, times = median_time(step, args.steps)
+  return dict(
+      reference="torch.nn.Transformer layers", torch=torch.__version__,
+      threads=torch.get_num_threads(), dtype=args.dtype,
+      params=sum(p.numel() for p in model.parameters()),
+      step_time_s=seconds, step_times_s=times, step_time_best_s=min(times), first_step_s=first_s,
+      target_tokens_per_s=args.batch_size * args.tgt_len / seconds,
+      tokens_per_s=args.batch_size * (args.src_len + args.tgt_len) / seconds,
+      final_loss=losses[-1], peak_memory_bytes=peak_rss(),
+  )
+
+
+def benchmark_decode(args: argparse.Namespace) -> dict[str, Any]:
+  from transformers import MarianConfig, MarianMTModel
+  from transformers.utils import logging as hf_logging
+
+  hf_logging.set_verbosity_error()
+  config = MarianConfig(
+      vocab_size=args.vocab_size, decoder_vocab_size=args.vocab_size, d_model=args.d_model,
+      encoder_layers=args.encoder_layers, decoder_layers=args.decoder_layers,
+      encoder_attention_heads=args.num_heads, decoder_attention_heads=args.num_heads,
+      encoder_ffn_dim=args.d_ff, decoder_ffn_dim=args.d_ff, activation_function="relu",
+      dropout=args.dropout, scale_embedding=True, share_encoder_decoder_embeddings=True,
+      tie_word_embeddings=True, max_position_embeddings=max(512, args.src_len + args.decode_steps + 2),
+      pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+      decoder_start_token_id=BOS_ID, forced_eos_token_id=None,
+  )
+  torch.manual_seed(0)
+  model = MarianMTModel(config).eval()
+  src = synthetic_tokens(args.batch_size, args.src_len, args.vocab_size, 3)
+  attention_mask = torch.ones_like(src)
+  methods = {"greedy": 1}
+  if args.beam_size > 1:
+    methods["beam"] = args.beam_size
+  runs = {}
+  for method, beams in methods.items():
+    def generate():
+      with torch.inference_mode(), autocast(args.dtype):
+        return model.generate(input_ids=src, attention_mask=attention_mask, num_beams=beams,
+                              do_sample=False, max_new_tokens=args.decode_steps,
+                              min_new_tokens=args.decode_steps, early_stopping=False)
+
+    start = time.perf_counter()
+    out = generate()
+    first_s = time.perf_counter() - start
+    if out.shape != (args.batch_size, args.decode_steps + 1):  # + the start token.
+      raise RuntimeError(f"Marian generated {tuple(out.shape)}, expected "
+                         f"{(args.batch_size, args.decode_steps + 1)}")
+    seconds, times = median_time(generate, args.repeats)
+    runs[method] = dict(beam_size=beams, seconds=seconds, times_s=times, best_s=min(times),
+                        first_call_s=first_s,
+                        sentences_per_s=args.batch_size / seconds,
+                        tokens_per_s=args.batch_size * args.decode_steps / seconds)
+  main = runs["beam" if args.beam_size > 1 else "greedy"]
+  import transformers
+
+  return dict(reference="transformers.MarianMTModel (random weights)",
+              transformers=transformers.__version__, torch=torch.__version__,
+              threads=torch.get_num_threads(), dtype=args.dtype,
+              params=sum(p.numel() for p in model.parameters()),
+              sentences_per_s=main["sentences_per_s"], tokens_per_s=main["tokens_per_s"],
+              methods=runs, peak_memory_bytes=peak_rss())
+
+
+def peak_rss() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("mode", choices=("train", "decode"))
+  for name, default in (("vocab_size", 32000), ("d_model", 512), ("d_ff", 2048), ("num_heads", 8),
+                        ("encoder_layers", 6), ("decoder_layers", 6), ("batch_size", 64),
+                        ("src_len", 32), ("tgt_len", 32), ("steps", 10), ("warmup", 2),
+                        ("decode_steps", 40), ("beam_size", 4), ("repeats", 3), ("threads", 2)):
+    parser.add_argument(f"--{name}", type=int, default=default)
+  parser.add_argument("--dropout", type=float, default=0.1)
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  parser.add_argument("--json", action="store_true", help="Print one JSON object last.")
+  return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse_args(argv)
+  torch.set_num_threads(args.threads)
+  load = [round(x, 2) for x in os.getloadavg()]
+  result = benchmark_train(args) if args.mode == "train" else benchmark_decode(args)
+  result.update(load_average=load, load_average_end=[round(x, 2) for x in os.getloadavg()])
+  for key in ("target_tokens_per_s", "sentences_per_s", "tokens_per_s", "params"):
+    if key in result:
+      print(f"  {key:<20} {result[key]:,.2f}", flush=True)
+  if args.json:
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,54 @@
+"""experiments/benchmark.py: the training and decoding benchmarks run and end in one JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+TINY = ["--config=experiments/configs/tiny.py", "--vocab_size=600", "--batch_size=4",
+        "--src_len=8", "--steps=2", "--warmup=1", "--peak_matmul_size=128", "--json"]
+
+
+def run_benchmark(tmp_path, *args: str) -> dict:
+  """Runs the benchmark on one CPU device; returns its last line, parsed as JSON."""
+  env = dict(os.environ)
+  # One device (not the suite's 8 simulated ones): a benchmark of the plain step.
+  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+  completed = subprocess.run(
+      [sys.executable, "experiments/benchmark.py", *TINY, *args,
+       f"--results_dir={tmp_path / 'results'}", f"--summary={tmp_path / 'README.md'}"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+  )
+  assert completed.returncode == 0, f"benchmark failed:\n{completed.stderr[-3000:]}"
+  last = completed.stdout.strip().splitlines()[-1]
+  try:
+    return json.loads(last)
+  except json.JSONDecodeError:
+    pytest.fail(f"the last line printed is not JSON: {last[:300]!r}")
+
+
+def test_training_benchmark_ends_in_json(tmp_path):
+  result = run_benchmark(tmp_path, "--tgt_len=8")
+  for key in ("target_tokens_per_s", "step_time_s", "mfu", "compile_s", "peak_memory_bytes",
+              "flops_per_step", "flops_source", "load_average"):
+    assert key in result, f"training result lacks {key!r}: {sorted(result)}"
+  assert result["target_tokens_per_s"] > 0
+  saved = list((tmp_path / "results").glob("*.json"))
+  assert len(saved) == 1, f"expected one results file, found {saved}"
+  assert "## Training step" in (tmp_path / "README.md").read_text()
+
+
+def test_decoding_benchmark_ends_in_json(tmp_path):
+  result = run_benchmark(tmp_path, "--decode", "--beam_size=2", "--decode_steps=10",
+                         "--decode_repeats=1")
+  for key in ("sentences_per_s", "tokens_per_s", "methods"):
+    assert key in result, f"decoding result lacks {key!r}: {sorted(result)}"
+  assert set(result["methods"]) == {"greedy", "beam"}, result["methods"].keys()
+  assert result["sentences_per_s"] > 0
