@@ -18,8 +18,6 @@ PYTHON=${PYTHON:-python}
 STEPS=${STEPS:-20}
 TIMEOUT=${TIMEOUT:-900}  # Seconds per run (compiling the big model takes a while).
 if [[ -n "${QUICK:-}" ]]; then STEPS=5; TIMEOUT=300; fi
-LOGS="benchmarks/results/logs/$(date +%Y-%m-%d)"
-mkdir -p "$LOGS"
 # Leave JAX's default preallocation on: peak_bytes_in_use still reports what was used.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
 
@@ -27,6 +25,8 @@ if ! "$PYTHON" -c "import jax, sys; sys.exit(jax.devices()[0].platform != 'gpu')
   echo "error: JAX sees no GPU; install a CUDA build (pip install -U 'jax[cuda12]') and retry" >&2
   exit 100
 fi
+LOGS="benchmarks/results/logs/$(date +%Y-%m-%d)"
+mkdir -p "$LOGS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee "$LOGS/gpu.txt"
 
 failed=()

@@ -17,8 +17,11 @@ one JSON object (training: `target_tokens_per_s`; decoding: `sentences_per_s`).
 Each run is also appended to `benchmarks/results/<device>_<date>.json`, and
 `benchmarks/README.md` is rebuilt from every results file.
 
-The comparisons run `experiments/torch_reference.py` in a subprocess (its own
-threads and peak memory); they need the `[bench]` extra (torch, transformers).
+The comparisons go through `experiments/torch_reference.py` and need the `[bench]`
+extra (torch, transformers). By default (`--compare_mode=paired`) the reference is
+loaded into this process and its steps alternate with JAX's, so both see the same
+load on a shared host; `--compare_mode=separate` runs it in a subprocess afterwards
+(its own peak memory). `--profile_dir` adds an op-by-op breakdown of the train step.
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ flags.DEFINE_float("attention_max_gib", 6.0,
 flags.DEFINE_enum("compare", "", ["", "torch", "marian"],
                   "torch: the training step in torch.nn.Transformer; marian: decoding in "
                   "transformers.MarianMTModel (random weights of the same size).")
+flags.DEFINE_enum("compare_mode", "paired", ["paired", "separate"],
+                  "paired: the reference runs in this process and its steps alternate with "
+                  "JAX's (A B B A ...), so both see the same load on a shared host; separate: "
+                  "a subprocess after the JAX run (its own peak memory, but another moment's load).")
 flags.DEFINE_integer("torch_threads", 2, "torch.set_num_threads for the comparison.")
 flags.DEFINE_bool("json", False, "Print one JSON object as the last line.")
 flags.DEFINE_string("label", "", "Free text stored with the run (e.g. 'bf16', 'rbg-prng').")
@@ -279,11 +286,24 @@ def benchmark_training(config) -> Result:
     # Minor page faults per step: on the CPU, temporaries the allocator hands back to
     # the OS are faulted in (and zeroed) again on every step.
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(1, FLAGS.steps)
+    jax_only_memory = peak_memory()
+    paired = None
+    if FLAGS.compare == "torch" and FLAGS.compare_mode == "paired":
+      reference = load_reference(["train", *model_args(model.config), f"--tgt_len={FLAGS.tgt_len}"])
+      torch_step, info = reference.module.make_train_step(reference.args)
+      for _ in range(FLAGS.warmup):
+        torch_step()
+      solo_times = times
+      times, torch_times = alternate(step, torch_step, FLAGS.steps)
+      step_s = statistics.median(times)
+      paired = reference.module.train_result(reference.args, info, torch_times,
+                                             compare_mode="paired", load_average=load_average(),
+                                             jax_solo_step_times_s=solo_times)
     profile = None
     if FLAGS.profile_dir:
       profile = profile_steps(compiled, step, FLAGS.profile_dir)
   loss = float(holder["metrics"]["loss"])
-  memory, memory_source = peak_memory()
+  memory, memory_source = jax_only_memory
 
   flops = cost_analysis(compiled, "flops")
   analytic = analytic_train_flops(model.config, FLAGS.batch_size, FLAGS.src_len, FLAGS.tgt_len)
@@ -311,6 +331,8 @@ def benchmark_training(config) -> Result:
   )
   if profile is not None:
     result["profile"] = profile
+  if paired is not None:
+    result["torch"] = paired
   return result
 
 
@@ -497,6 +519,8 @@ def _component(op_name: str, frames: list[tuple[str, str]]) -> str:
       return component
   if "_block" in op_name:
     return "residual"
+  if "search.py" in files:
+    return "search (top-k, beam/cache reordering)"
   if "train_step" in functions or "grad_fn" in op_name:
     return "step (grad scaling, metrics)"
   return "model (other)" if "Transformer" in op_name else "other"
@@ -529,7 +553,12 @@ def benchmark_decoding(config) -> Result:
       jax.random.key(config.seed))
   src = synthetic_tokens(FLAGS.batch_size, FLAGS.src_len, model.config.vocab_size, 3)
   methods = [("greedy", 1)] + ([("beam", FLAGS.beam_size)] if FLAGS.beam_size > 1 else [])
-  runs = {}
+  runs, marian_runs = {}, {}
+  if FLAGS.compare == "marian" and FLAGS.compare_mode == "paired":
+    reference = load_reference(["decode", *model_args(model.config),
+                                f"--decode_steps={FLAGS.decode_steps}",
+                                f"--beam_size={FLAGS.beam_size}"])
+    generators, marian_info = reference.module.make_generators(reference.args)
   for method, beam_size in methods:
     options = DecodeOptions(method=method, beam_size=beam_size, ignore_eos=True,
                             max_extra_len=FLAGS.decode_steps - FLAGS.src_len)
@@ -540,7 +569,17 @@ def benchmark_decoding(config) -> Result:
     if out.shape != (FLAGS.batch_size, FLAGS.decode_steps):
       raise RuntimeError(f"decoded shape {out.shape}, expected "
                          f"{(FLAGS.batch_size, FLAGS.decode_steps)}")
-    seconds, times = median_time(lambda: translator(src), FLAGS.decode_repeats)
+    if FLAGS.compare == "marian" and FLAGS.compare_mode == "paired":
+      generate = generators[method][1]
+      start = time.perf_counter()
+      generate()
+      marian_first_s = time.perf_counter() - start
+      times, marian_times = alternate(lambda: translator(src), generate, FLAGS.decode_repeats)
+      seconds = statistics.median(times)
+      marian_runs[method] = dict(beam_size=beam_size, times_s=marian_times,
+                                 first_call_s=marian_first_s)
+    else:
+      seconds, times = median_time(lambda: translator(src), FLAGS.decode_repeats)
     runs[method] = dict(
         beam_size=beam_size, seconds=seconds, times_s=times, best_s=min(times),
         sentences_per_s=FLAGS.batch_size / seconds,
@@ -550,7 +589,7 @@ def benchmark_decoding(config) -> Result:
     )
   memory, memory_source = peak_memory()
   main = runs["beam" if FLAGS.beam_size > 1 else "greedy"]
-  return dict(
+  result = dict(
       mode="decode", config=config_name(), model=_model_summary(model.config),
       params=parameter_counts(params)["total"], batch_size=FLAGS.batch_size,
       src_len=FLAGS.src_len, decode_steps=FLAGS.decode_steps, beam_size=FLAGS.beam_size,
@@ -558,6 +597,11 @@ def benchmark_decoding(config) -> Result:
       seconds=main["seconds"], methods=runs,
       peak_memory_bytes=memory, peak_memory_source=memory_source,
   )
+  if marian_runs:
+    result["marian"] = reference.module.decode_result(
+        reference.args, marian_info, marian_runs, compare_mode="paired",
+        load_average=load_average())
+  return result
 
 
 # --- Attention against length ----------------------------------------------------------
@@ -628,6 +672,43 @@ def _attention_line(row: Result) -> str:
 # --- Comparisons ---------------------------------------------------------------------------
 
 
+class Reference:
+  """experiments/torch_reference.py loaded in this process, with its parsed arguments."""
+
+  def __init__(self, argv: list[str]):
+    import importlib.util
+
+    from transformer_jax.errors import UserError
+
+    spec = importlib.util.spec_from_file_location(
+        "torch_reference", REPO_ROOT / "experiments" / "torch_reference.py")
+    self.module = importlib.util.module_from_spec(spec)
+    try:
+      spec.loader.exec_module(self.module)
+    except ModuleNotFoundError as e:
+      raise UserError(f"--compare needs the [bench] extra ({e}): "
+                      "pip install torch==2.13.0 transformers") from None
+    self.module.torch.set_num_threads(FLAGS.torch_threads)
+    self.args = self.module.parse_args(argv)
+
+
+def load_reference(argv: list[str]) -> Reference:
+  return Reference(argv)
+
+
+def alternate(first: Callable[[], Any], second: Callable[[], Any],
+              pairs: int) -> tuple[list[float], list[float]]:
+  """Times `pairs` calls of each, in the order A B B A A B ...; returns both lists of seconds."""
+  times: tuple[list[float], list[float]] = ([], [])
+  for i in range(max(1, pairs)):
+    order = (0, 1) if i % 2 == 0 else (1, 0)
+    for which in order:
+      start = time.perf_counter()
+      (first, second)[which]()
+      times[which].append(time.perf_counter() - start)
+  return times
+
+
 def run_reference(args: list[str]) -> Result:
   """Runs experiments/torch_reference.py in a subprocess and parses its JSON last line."""
   from transformer_jax.errors import UserError
@@ -654,8 +735,10 @@ def model_args(model_config) -> list[str]:
 
 
 def compare_torch(result: Result, model_config) -> None:
-  reference = run_reference(["train", *model_args(model_config), f"--tgt_len={FLAGS.tgt_len}",
-                             f"--steps={FLAGS.steps}", f"--warmup={FLAGS.warmup}"])
+  reference = result.get("torch") or run_reference(
+      ["train", *model_args(model_config), f"--tgt_len={FLAGS.tgt_len}",
+       f"--steps={FLAGS.steps}", f"--warmup={FLAGS.warmup}"])
+  reference.setdefault("compare_mode", "separate")
   result["torch"] = reference
   result["torch_target_tokens_per_s"] = reference["target_tokens_per_s"]
   result["jax_over_torch"] = result["target_tokens_per_s"] / reference["target_tokens_per_s"]
@@ -664,9 +747,10 @@ def compare_torch(result: Result, model_config) -> None:
 
 
 def compare_marian(result: Result, model_config) -> None:
-  reference = run_reference(["decode", *model_args(model_config),
-                             f"--decode_steps={FLAGS.decode_steps}",
-                             f"--beam_size={FLAGS.beam_size}", f"--repeats={FLAGS.decode_repeats}"])
+  reference = result.get("marian") or run_reference(
+      ["decode", *model_args(model_config), f"--decode_steps={FLAGS.decode_steps}",
+       f"--beam_size={FLAGS.beam_size}", f"--repeats={FLAGS.decode_repeats}"])
+  reference.setdefault("compare_mode", "separate")
   result["marian"] = reference
   result["marian_sentences_per_s"] = reference["sentences_per_s"]
   result["jax_over_marian"] = result["sentences_per_s"] / reference["sentences_per_s"]
@@ -712,7 +796,8 @@ def console_table(result: Result) -> str:
     if "torch" in result:
       rows += [("torch target tokens/s", _format(result["torch_target_tokens_per_s"])),
                ("JAX / torch", f"{result['jax_over_torch']:.2f}× (median), "
-                               f"{result['jax_over_torch_best']:.2f}× (best step)")]
+                               f"{result['jax_over_torch_best']:.2f}× (best step); "
+                               f"{result['torch']['compare_mode']}")]
   elif result["mode"] == "decode":
     rows = [("config", f"{result['config']} ({result['params'] / 1e6:.1f}M params)"),
             ("batch", f"{result['batch_size']} × {result['src_len']} source tokens, "
@@ -727,7 +812,8 @@ def console_table(result: Result) -> str:
         rows.append((f"  Marian {method}",
                      f"{marian['sentences_per_s']:.2f} sentences/s, {marian['seconds']:.2f} s/batch "
                      f"(best {marian['best_s']:.2f}); JAX / Marian {run['jax_over_marian']:.2f}× "
-                     f"(median), {run['jax_over_marian_best']:.2f}× (best)"))
+                     f"(median), {run['jax_over_marian_best']:.2f}× (best); "
+                     f"{result['marian']['compare_mode']}"))
     rows.append(("peak memory", f"{mib(result['peak_memory_bytes'])} "
                                 f"({result['peak_memory_source']})"))
   else:
@@ -780,13 +866,16 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
   for path in sorted(results_dir.glob("*.json")):
     runs.extend(json.loads(path.read_text()).get("runs", []))
   mib = lambda b: f"{b / 2**20:,.0f}" if b else ""
+  ratio = lambda x: f"{x:.2f}×" if isinstance(x, (int, float)) else ""
+  when = lambda r: f"{r['date']} {r.get('time', '')[:5]}".strip()
   load = lambda r: str(r.get("load_average", [""])[0])
   kind = lambda r: f"{r['device']['device_kind']}×{r['device']['devices']}"
   lines = [
       "# Benchmarks", "",
       "Generated by `experiments/benchmark.py` from `benchmarks/results/*.json`; do not edit by",
       "hand (findings, profiles and optimisation candidates are in `NOTES.md`). On the shared",
-      "2-core CPU hosts timings are noisy: `load` is the 1-minute load average at the run's start.",
+      "2-core CPU hosts timings are noisy: `load` is the 1-minute load average at the run's start;",
+      "comparisons marked `paired` alternate JAX and reference steps in one process.",
       "", "Reproduce:", "", "```",
       "python experiments/benchmark.py --config=experiments/configs/wmt14_base.py --batch_size=64 \\",
       "    --src_len=32 --tgt_len=32 --vocab_size=32000 --steps=5 --json [--compare=torch]",
@@ -802,11 +891,11 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
   ]
   for r in (r for r in runs if r["mode"] == "train"):
     lines.append(
-        f"| {r['date']} | {kind(r)} | {r['config']} | {r.get('label', '')} | {r['model']['dtype']} "
+        f"| {when(r)} | {kind(r)} | {r['config']} | {r.get('label', '')} | {r['model']['dtype']} "
         f"| {r['batch_size']} × ({r['src_len']}+{r['tgt_len']}) | {r['step_time_s'] * 1e3:.0f} "
         f"| {r['target_tokens_per_s']:,.0f} | {r['mfu'] * 100:.1f}% | {r['compile_s']:.1f} "
         f"| {mib(r['peak_memory_bytes'])} | {_format(r.get('torch_target_tokens_per_s', ''))} "
-        f"| {_format(r.get('jax_over_torch', ''))} | {_format(r.get('jax_over_torch_best', ''))} "
+        f"| {ratio(r.get('jax_over_torch'))} | {ratio(r.get('jax_over_torch_best'))} "
         f"| {load(r)} | {r.get('note', '')} |")
   lines += ["", "## Decoding (every sentence decodes exactly `decode_steps` tokens)", "",
             "| date | device | config | label | batch × src → new | method | sentences/s | "
@@ -816,11 +905,11 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
     for method, m in r["methods"].items():
       marian = r.get("marian", {}).get("methods", {}).get(method, {})
       lines.append(
-          f"| {r['date']} | {kind(r)} | {r['config']} | {r.get('label', '')} | {r['batch_size']} × "
+          f"| {when(r)} | {kind(r)} | {r['config']} | {r.get('label', '')} | {r['batch_size']} × "
           f"{r['src_len']} → {r['decode_steps']} | {method} {m['beam_size']} "
           f"| {m['sentences_per_s']:.2f} | {m['tokens_per_s']:,.0f} "
-          f"| {_format(marian.get('sentences_per_s', ''))} | {_format(m.get('jax_over_marian', ''))} "
-          f"| {_format(m.get('jax_over_marian_best', ''))} | {load(r)} | {r.get('note', '')} |")
+          f"| {_format(marian.get('sentences_per_s', ''))} | {ratio(m.get('jax_over_marian'))} "
+          f"| {ratio(m.get('jax_over_marian_best'))} | {load(r)} | {r.get('note', '')} |")
   lines += ["", "## Attention against sequence length (forward / forward+backward)", "",
             "| date | device | impl | dtype | length | batch | fwd ms | fwd+bwd ms | "
             "fwd temp MiB | fwd+bwd temp MiB | note | load |",
@@ -832,7 +921,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
                                     "forward_backward_skipped", "forward_backward_error")
                    if k in row), "")
       lines.append(
-          f"| {r['date']} | {kind(r)} | {row['impl']} | {row['dtype']} | {row['length']} "
+          f"| {when(r)} | {kind(r)} | {row['impl']} | {row['dtype']} | {row['length']} "
           f"| {row['batch']} | {ms('forward_s')} | {ms('forward_backward_s')} "
           f"| {mib(row.get('forward_temp_bytes'))} | {mib(row.get('forward_backward_temp_bytes'))} "
           f"| {note[:60].replace('|', '/')} | {load(r)} |")

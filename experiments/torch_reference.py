@@ -103,7 +103,8 @@ def autocast(dtype: str):
   return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
-def benchmark_train(args: argparse.Namespace) -> dict[str, Any]:
+def make_train_step(args: argparse.Namespace) -> tuple[Callable[[], float], dict[str, Any]]:
+  """(step() -> loss, facts) for the reference model; `benchmark.py` alternates it with JAX's."""
   torch.manual_seed(0)
   model = TorchTransformer(args.vocab_size, args.d_model, args.num_heads, args.d_ff,
                            args.encoder_layers, args.decoder_layers, args.dropout,
@@ -128,26 +129,38 @@ def benchmark_train(args: argparse.Namespace) -> dict[str, Any]:
     loss.backward()
     optimizer.step()
     schedule.step()
-    losses.append(float(loss))
+    return float(loss.detach())
 
+  info = dict(reference="torch.nn.Transformer layers", torch=torch.__version__,
+              threads=torch.get_num_threads(), dtype=args.dtype,
+              params=sum(p.numel() for p in model.parameters()))
+  return step, info
+
+
+def train_result(args: argparse.Namespace, info: dict[str, Any], times: list[float],
+                 **extra: Any) -> dict[str, Any]:
+  """The reference's numbers from its timed steps."""
+  seconds = statistics.median(times)
+  return dict(info, step_time_s=seconds, step_times_s=times, step_time_best_s=min(times),
+              target_tokens_per_s=args.batch_size * args.tgt_len / seconds,
+              tokens_per_s=args.batch_size * (args.src_len + args.tgt_len) / seconds, **extra)
+
+
+def benchmark_train(args: argparse.Namespace) -> dict[str, Any]:
+  step, info = make_train_step(args)
+  losses = []
   start = time.perf_counter()
-  step()
+  losses.append(step())
   first_s = time.perf_counter() - start
   for _ in range(args.warmup - 1):
     step()
-  seconds, times = median_time(step, args.steps)
-  return dict(
-      reference="torch.nn.Transformer layers", torch=torch.__version__,
-      threads=torch.get_num_threads(), dtype=args.dtype,
-      params=sum(p.numel() for p in model.parameters()),
-      step_time_s=seconds, step_times_s=times, step_time_best_s=min(times), first_step_s=first_s,
-      target_tokens_per_s=args.batch_size * args.tgt_len / seconds,
-      tokens_per_s=args.batch_size * (args.src_len + args.tgt_len) / seconds,
-      final_loss=losses[-1], peak_memory_bytes=peak_rss(),
-  )
+  _, times = median_time(lambda: losses.append(step()), args.steps)
+  return train_result(args, info, times, first_step_s=first_s, final_loss=losses[-1],
+                      peak_memory_bytes=peak_rss())
 
 
-def benchmark_decode(args: argparse.Namespace) -> dict[str, Any]:
+def make_generators(args: argparse.Namespace) -> tuple[dict[str, tuple[int, Callable]], dict]:
+  """({method: (beams, generate() -> tokens)}, facts) for a random-weight MarianMTModel."""
   from transformers import MarianConfig, MarianMTModel
   from transformers.utils import logging as hf_logging
 
@@ -169,34 +182,51 @@ def benchmark_decode(args: argparse.Namespace) -> dict[str, Any]:
   methods = {"greedy": 1}
   if args.beam_size > 1:
     methods["beam"] = args.beam_size
-  runs = {}
-  for method, beams in methods.items():
+
+  def generator(beams: int) -> Callable:
     def generate():
       with torch.inference_mode(), autocast(args.dtype):
-        return model.generate(input_ids=src, attention_mask=attention_mask, num_beams=beams,
-                              do_sample=False, max_new_tokens=args.decode_steps,
-                              min_new_tokens=args.decode_steps, early_stopping=False)
+        out = model.generate(input_ids=src, attention_mask=attention_mask, num_beams=beams,
+                             do_sample=False, max_new_tokens=args.decode_steps,
+                             min_new_tokens=args.decode_steps, early_stopping=False)
+      if out.shape != (args.batch_size, args.decode_steps + 1):  # + the start token.
+        raise RuntimeError(f"Marian generated {tuple(out.shape)}, expected "
+                           f"{(args.batch_size, args.decode_steps + 1)}")
+      return out
+    return generate
 
-    start = time.perf_counter()
-    out = generate()
-    first_s = time.perf_counter() - start
-    if out.shape != (args.batch_size, args.decode_steps + 1):  # + the start token.
-      raise RuntimeError(f"Marian generated {tuple(out.shape)}, expected "
-                         f"{(args.batch_size, args.decode_steps + 1)}")
-    seconds, times = median_time(generate, args.repeats)
-    runs[method] = dict(beam_size=beams, seconds=seconds, times_s=times, best_s=min(times),
-                        first_call_s=first_s,
-                        sentences_per_s=args.batch_size / seconds,
-                        tokens_per_s=args.batch_size * args.decode_steps / seconds)
-  main = runs["beam" if args.beam_size > 1 else "greedy"]
   import transformers
 
-  return dict(reference="transformers.MarianMTModel (random weights)",
+  info = dict(reference="transformers.MarianMTModel (random weights)",
               transformers=transformers.__version__, torch=torch.__version__,
               threads=torch.get_num_threads(), dtype=args.dtype,
-              params=sum(p.numel() for p in model.parameters()),
-              sentences_per_s=main["sentences_per_s"], tokens_per_s=main["tokens_per_s"],
-              methods=runs, peak_memory_bytes=peak_rss())
+              params=sum(p.numel() for p in model.parameters()))
+  return {method: (beams, generator(beams)) for method, beams in methods.items()}, info
+
+
+def decode_result(args: argparse.Namespace, info: dict[str, Any],
+                  runs: dict[str, dict[str, Any]], **extra: Any) -> dict[str, Any]:
+  """The reference's numbers from {method: dict(beam_size, times_s, first_call_s)}."""
+  for run in runs.values():
+    run["seconds"] = statistics.median(run["times_s"])
+    run["best_s"] = min(run["times_s"])
+    run["sentences_per_s"] = args.batch_size / run["seconds"]
+    run["tokens_per_s"] = args.batch_size * args.decode_steps / run["seconds"]
+  main = runs["beam" if args.beam_size > 1 else "greedy"]
+  return dict(info, sentences_per_s=main["sentences_per_s"], tokens_per_s=main["tokens_per_s"],
+              methods=runs, **extra)
+
+
+def benchmark_decode(args: argparse.Namespace) -> dict[str, Any]:
+  generators, info = make_generators(args)
+  runs = {}
+  for method, (beams, generate) in generators.items():
+    start = time.perf_counter()
+    generate()
+    first_s = time.perf_counter() - start
+    _, times = median_time(generate, args.repeats)
+    runs[method] = dict(beam_size=beams, times_s=times, first_call_s=first_s)
+  return decode_result(args, info, runs, peak_memory_bytes=peak_rss())
 
 
 def peak_rss() -> int:
