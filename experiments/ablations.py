@@ -322,7 +322,9 @@ def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
 def define_flags() -> None:
   from absl import flags
 
-  from transformer_jax import cli  # noqa: F401  (defines --config)
+  from transformer_jax import cli
+
+  cli.define_run_flags()
 
   flags.DEFINE_string("sweep", None, "Sweep name: results/<sweep>/ and runs/<sweep>/.")
   flags.DEFINE_list("rows", [], "Table 3 rows (experiments/configs/table3.py ROWS), e.g. base,A1.")
@@ -375,7 +377,9 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
   from absl import app
 
+  from transformer_jax import cli
   from transformer_jax.errors import exit_on_user_error
 
+  cli.keep_freed_host_memory()
   define_flags()
-  app.run(exit_on_user_error(main))
+  app.run(exit_on_user_error(main), flags_parser=cli.parse_flags)

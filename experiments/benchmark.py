@@ -985,4 +985,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from transformer_jax import cli
+
+  cli.keep_freed_host_memory()  # As the package's commands do (see cli.py); both sides share it.
   app.run(main)

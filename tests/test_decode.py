@@ -46,6 +46,28 @@ def test_cached_decoding_equals_full_recomputation(model_and_params):
   )
 
 
+def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy(model_and_params):
+  """decode_batch keeps one cross-attention K/V row per sentence for all its beams."""
+  from transformer_jax import search
+
+  model, params = model_and_params
+  options = decode.DecodeOptions(beam_size=3, alpha=0.6)
+  max_len = 12
+  shared = jax.jit(lambda p: decode.decode_batch(model, p, SRC, options, max_len))(params)
+
+  @jax.jit
+  def own_copies(params):
+    encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
+    cache = decode.init_cache(model, params, encoded, SRC, max_len)  # Repeated per beam below.
+    step = decode.step_logits(model, params, search.expand_to_beams(SRC, options.beam_size))
+    max_lengths = jnp.minimum(jnp.sum(SRC != 0, -1) + options.max_extra_len, max_len)
+    sequences, _ = search.beam_search(step, cache, SRC.shape[0], options.beam_size, options.alpha,
+                                      max_decode_len=max_len, max_lengths=max_lengths)
+    return sequences[:, 0]
+
+  np.testing.assert_array_equal(np.asarray(shared), np.asarray(own_copies(params)))
+
+
 @pytest.mark.parametrize("method", ["beam", "greedy"])
 def test_translator_handles_batches_the_device_count_does_not_divide(model_and_params, method):
   model, params = model_and_params

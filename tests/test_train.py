@@ -63,6 +63,24 @@ def test_label_smoothed_loss_equals_hand_computed_value():
   assert smoothing_entropy(3, 0.1) == pytest.approx(entropy)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 0.3])
+def test_closed_form_loss_and_gradient_equal_explicit_smoothed_targets(label_smoothing):
+  vocab_size = 50
+  logits = 3.0 * jax.random.normal(jax.random.key(0), (2, 7, vocab_size))
+  targets = jax.random.randint(jax.random.key(1), (2, 7), 0, vocab_size)
+
+  def explicit_loss(logits):
+    soft = jnp.full(logits.shape, label_smoothing / (vocab_size - 1))
+    soft = jnp.where(jax.nn.one_hot(targets, vocab_size) > 0, 1.0 - label_smoothing, soft)
+    return -jnp.sum(soft * jax.nn.log_softmax(logits, axis=-1))
+
+  def closed_form_loss(logits):
+    return jnp.sum(token_losses(logits, targets, label_smoothing)[0])
+
+  np.testing.assert_allclose(closed_form_loss(logits), explicit_loss(logits), rtol=1e-5)
+  np.testing.assert_allclose(jax.grad(closed_form_loss)(logits), jax.grad(explicit_loss)(logits), atol=1e-6)
+
+
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
 @pytest.mark.parametrize("mesh_shape", [dict(data=8, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)])
 def test_sharded_step_equals_single_device_step(mesh_shape):

@@ -72,4 +72,6 @@ def main(argv):
 if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "Run directory of a training run.")
   flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average.")
-  app.run(main)
+  from transformer_jax import cli
+
+  app.run(main, flags_parser=cli.parse_flags)

@@ -147,6 +147,7 @@ def restore_latest(
     except UserError:
       raise
     except Exception as e:  # Orbax raises many types for damaged files.
+      _silence_abandoned_reads()
       path = os.path.join(str(manager.directory), str(step))
       message = " ".join(str(e).split())[:300]
       logging.warning("checkpoint %s is unreadable (%s)", path, message)
@@ -161,6 +162,29 @@ def restore_latest(
   if unreadable and set_aside_unreadable:
     _set_aside(manager, unreadable)
   return restored
+
+
+def _silence_abandoned_reads() -> None:
+  """Keeps the failed restore's other array reads from printing tracebacks later.
+
+  When one array of a damaged checkpoint fails, Orbax abandons the coroutines
+  reading the others; when they are garbage-collected Python prints each of
+  their errors as "Exception ignored in ..." with a traceback. The checkpoint
+  has already been reported (one warning line), so those are dropped; every
+  other unraisable exception still reaches the previous hook.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_drops_abandoned_reads", False):
+    return
+
+  def hook(unraisable):
+    name = getattr(getattr(unraisable.object, "cr_code", None), "co_name", "")
+    if "read" not in name or "orbax" not in getattr(
+        getattr(unraisable.object, "cr_code", None), "co_filename", ""):
+      previous(unraisable)
+
+  hook._drops_abandoned_reads = True
+  sys.unraisablehook = hook
 
 
 def _set_aside(manager: ocp.CheckpointManager, paths: list[str]) -> None:

@@ -15,7 +15,9 @@ from typing import Any, Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import flax
 from flax import linen as nn
+from flax import traverse_util
 
 from transformer_jax import parallel, search
 from transformer_jax.errors import UserError
@@ -58,16 +60,43 @@ def init_cache(model: Transformer, params, encoded: Array, src_tokens: Array, ma
   return variables["cache"]
 
 
-def step_logits(model: Transformer, params, src_tokens: Array) -> search.TokensToLogits:
-  """The search's step function: (tokens [n, 1], cache, step) -> (logits [n, vocab], cache)."""
+# Cache entries that depend only on the sentence, not on the beam or the step.
+_PER_SENTENCE_ENTRIES = ("cross_key", "cross_value")
+
+
+def split_cache(cache) -> tuple[dict, dict]:
+  """(per-row entries the search reorders, per-sentence entries it never touches)."""
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  per_sentence = {k: v for k, v in flat.items() if k[-1] in _PER_SENTENCE_ENTRIES}
+  per_row = {k: v for k, v in flat.items() if k[-1] not in _PER_SENTENCE_ENTRIES}
+  return traverse_util.unflatten_dict(per_row), traverse_util.unflatten_dict(per_sentence)
+
+
+def step_logits(
+    model: Transformer, params, src_tokens: Array, sentence_cache=None
+) -> search.TokensToLogits:
+  """The search's step function: (tokens [n, 1], cache, step) -> (logits [n, vocab], cache).
+
+  With `sentence_cache` (the cross-attention keys/values of `split_cache`, one
+  row per sentence of `src_tokens`), the search's `cache` holds only the
+  per-row entries and `n` may be any multiple of the sentences (beams).
+  """
 
   def tokens_to_logits(tokens, cache, step):
     positions = jnp.full(tokens.shape, step, jnp.int32)
+    full_cache = cache
+    if sentence_cache is not None:
+      full_cache = traverse_util.unflatten_dict(
+          {**traverse_util.flatten_dict(cache), **traverse_util.flatten_dict(sentence_cache)}
+      )
     logits, variables = model.apply(
-        {"params": params, "cache": cache}, None, src_tokens, tokens,
+        {"params": params, "cache": full_cache}, None, src_tokens, tokens,
         target_positions=positions, decode=True, mutable=["cache"], method=Transformer.decode,
     )
-    return logits[:, 0], variables["cache"]
+    new_cache = variables["cache"]
+    if sentence_cache is not None:
+      new_cache, _ = split_cache(new_cache)
+    return logits[:, 0], new_cache
 
   return tokens_to_logits
 
@@ -91,9 +120,12 @@ def decode_batch(
   common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths, eos_id=EOS_ID,
                 bos_id=BOS_ID, ignore_eos=options.ignore_eos)
   if options.method == "beam":
-    step = step_logits(model, params, search.expand_to_beams(src_tokens, options.beam_size))
+    # The beams of a sentence share its cross-attention keys/values: only
+    # the self-attention caches are repeated per beam and reordered.
+    per_row_cache, sentence_cache = split_cache(cache)
+    step = step_logits(model, params, src_tokens, sentence_cache)
     sequences, _ = search.beam_search(
-        step, cache, batch_size, options.beam_size, options.alpha, **common
+        step, per_row_cache, batch_size, options.beam_size, options.alpha, **common
     )
     return sequences[:, 0]
   step = step_logits(model, params, src_tokens)

@@ -99,4 +99,7 @@ if __name__ == "__main__":
   define_flags()
   flags.DEFINE_string("source", None, "Source sentences, one per line.")
   flags.DEFINE_string("reference", None, "Reference translations, line-aligned.")
-  app.run(main)
+  from transformer_jax import cli
+
+  cli.keep_freed_host_memory()
+  app.run(main, flags_parser=cli.parse_flags)

@@ -54,6 +54,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from transformer_jax import cli  # noqa: F401  (defines the flags)
+  from transformer_jax import cli
 
-  app.run(main)
+  cli.define_run_flags()
+  app.run(main, flags_parser=cli.parse_flags)

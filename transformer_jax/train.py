@@ -447,6 +447,8 @@ def _main():
 if __name__ == "__main__":
   from absl import app
 
-  from transformer_jax import cli  # Defines the flags.
+  from transformer_jax import cli
 
+  cli.keep_freed_host_memory()
+  cli.define_run_flags()
   app.run(main, flags_parser=cli.parse_flags)

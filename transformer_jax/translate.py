@@ -94,5 +94,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from transformer_jax import cli
+
+  cli.keep_freed_host_memory()
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

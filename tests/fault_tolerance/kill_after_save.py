@@ -29,4 +29,5 @@ def _save_then_die(manager, step, *args, **kwargs) -> None:
 
 if __name__ == "__main__":
   checkpoints.save = _save_then_die
+  cli.define_run_flags()
   app.run(train.main, flags_parser=cli.parse_flags)
