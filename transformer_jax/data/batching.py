@@ -10,6 +10,10 @@ iterator continues exactly where it stopped.
   rounded down to a multiple of `batch_multiple` (the data-parallel shards).
   Leftover pairs of a bucket move up to the next bucket instead of being
   dropped; the last leftovers fill one batch padded with all-PAD rows.
+- Order: a grain `MapDataset` per epoch: the epoch's batch plans as the
+  source, grain's deterministic shuffle of the batch order, then a map that
+  assembles this host's rows. Random access by batch index is what makes a
+  restored iterator continue with exactly the next batch.
 - Packing: several pairs share a row of `max_len` tokens (best fit,
   longest first), marked by segment ids (1, 2, ...; 0 = padding) and
   positions that restart at 0 in each segment.
@@ -24,6 +28,7 @@ import itertools
 import json
 from typing import Iterator, Sequence
 
+import grain
 import numpy as np
 
 from transformer_jax.special_tokens import PAD_ID
@@ -238,15 +243,20 @@ class TrainIterator:
     if self._lengths.max() > self.max_len:
       raise ValueError("pairs longer than max_len must be filtered first")
     self.epoch, self.batch_in_epoch = 0, 0
-    self._plan_cache: tuple[int, list] | None = None
+    self._dataset_cache: tuple[int, grain.MapDataset] | None = None
     self.fingerprint = hashlib.sha256(json.dumps(
-        [self.seed, self.tokens_per_batch, self.boundaries, self.pack,
+        ["grain", self.seed, self.tokens_per_batch, self.boundaries, self.pack,
          batch_multiple, len(split), int(self._lengths.sum())]).encode()).hexdigest()[:16]
 
   def epoch_plan(self, epoch: int) -> list:
-    """The global batches of `epoch`: a pure function of (seed, epoch, lengths)."""
-    if self._plan_cache is not None and self._plan_cache[0] == epoch:
-      return self._plan_cache[1]
+    """The global batches of `epoch` in training order: [(length, rows)].
+
+    A pure function of (seed, epoch, lengths): pairs are permuted, bucketed
+    (or packed) into batches, and grain shuffles the batch order.
+    """
+    return list(self._epoch_plans(epoch))
+
+  def _epoch_plans(self, epoch: int) -> grain.MapDataset:
     rng = np.random.default_rng([self.seed, epoch])
     order = rng.permutation(len(self.split))
     if self.pack:
@@ -256,20 +266,17 @@ class TrainIterator:
       plan = [(self.max_len, rows[s:s + r]) for s in range(0, len(rows), r)]
       plan[-1] = (self.max_len, plan[-1][1] + [[]] * (r - len(plan[-1][1])))
     else:
-      batches = bucket_plan(order, self._lengths, self.boundaries, self.rows)
-      plan = [batches[i] for i in rng.permutation(len(batches))]
-    self._plan_cache = (epoch, plan)
-    return plan
+      plan = bucket_plan(order, self._lengths, self.boundaries, self.rows)
+    return grain.MapDataset.source(plan).shuffle(seed=int(rng.integers(2**31)))
 
-  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-    return self
+  def epoch_batches(self, epoch: int) -> grain.MapDataset:
+    """This host's batches of `epoch` (grain: plans -> shuffle -> assemble)."""
+    if self._dataset_cache is None or self._dataset_cache[0] != epoch:
+      self._dataset_cache = (epoch, self._epoch_plans(epoch).map(self._host_batch))
+    return self._dataset_cache[1]
 
-  def __next__(self) -> dict[str, np.ndarray]:
-    plan = self.epoch_plan(self.epoch)
-    length, rows = plan[self.batch_in_epoch]
-    self.batch_in_epoch += 1
-    if self.batch_in_epoch == len(plan):
-      self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+  def _host_batch(self, plan: tuple) -> dict[str, np.ndarray]:
+    length, rows = plan
     lo, hi = host_slice(len(rows), self.process_index, self.process_count)
     if self.pack:
       return gather_packed(self.split, rows[lo:hi], length)
@@ -277,6 +284,17 @@ class TrainIterator:
                                         rows[lo:hi], length),
             "target_tokens": gather_padded(self.split.tgt, self.split.tgt_offsets,
                                            rows[lo:hi], length)}
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batches = self.epoch_batches(self.epoch)
+    batch = batches[self.batch_in_epoch]
+    self.batch_in_epoch += 1
+    if self.batch_in_epoch == len(batches):
+      self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+    return batch
 
   def get_state(self) -> dict:
     """JSON-serialisable position: the next batch is batch_in_epoch of epoch."""
@@ -293,12 +311,12 @@ class TrainIterator:
       raise UserError("the saved data iterator state belongs to another data "
                       "setup (seed, tokens_per_batch, buckets, packing, shards or "
                       "data changed); restore with the original data config")
-    if epoch < 0 or not 0 <= batch < len(self.epoch_plan(epoch)):
+    if epoch < 0 or not 0 <= batch < len(self.epoch_batches(epoch)):
       raise UserError(f"data iterator state {state!r} is out of range")
     self.epoch, self.batch_in_epoch = epoch, batch
 
   def batches_per_epoch(self, epoch: int = 0) -> int:
-    return len(self.epoch_plan(epoch))
+    return len(self.epoch_batches(epoch))
 
   def padding_fraction(self, epoch: int = 0) -> float:
     """Fraction of PAD slots (source and target) in the global batches."""

@@ -21,6 +21,7 @@ from typing import Any, Iterator, Mapping
 from absl import logging
 import ml_collections
 from ml_collections import config_dict
+import grain
 import numpy as np
 
 from transformer_jax.data import batching
@@ -169,9 +170,12 @@ class TranslationData:
     if key not in self._eval_plans:
       self._eval_plans[key] = batching.eval_plan(
           data, self.config.bucket_boundaries, tpb, batch_multiple)
-    for length, idx in self._eval_plans[key]:
+    def host_batch(plan):
+      length, idx = plan
       lo, hi = batching.host_slice(len(idx), process_index, process_count)
-      yield batching.eval_batch(data, length, idx[lo:hi])
+      return batching.eval_batch(data, length, idx[lo:hi])
+
+    yield from grain.MapDataset.source(self._eval_plans[key]).map(host_batch)
 
 
 def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationData:
