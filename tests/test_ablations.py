@@ -49,8 +49,10 @@ def test_parse_row_reads_literals_and_strings(ablations):
 
 def test_table3_rows_scale_to_the_cpu_base(ablations):
   a1, big = ablations.table3_rows(["A1", "big"], "cpu", base_steps=2000)
-  assert a1.overrides == {"model.num_heads": 1, "model.d_k": 256, "model.d_v": 256}
-  assert big.overrides["model.d_model"] == 512 and big.overrides["num_train_steps"] == 6000
+  assert a1.overrides == {"model.num_heads": 1, "model.d_k": 128, "model.d_v": 128}
+  assert big.overrides["model.d_model"] == 256 and big.overrides["num_train_steps"] == 6000
+  (n2,) = ablations.table3_rows(["C_N2"], "cpu", base_steps=2000)
+  assert n2.overrides == {"model.num_layers": 1}
   (paper_big,) = ablations.table3_rows(["big"], "paper", base_steps=100_000)
   assert paper_big.overrides["num_train_steps"] == 300_000
 

@@ -42,7 +42,16 @@ def average_checkpoints(workdir: str, last: int) -> tuple[int, list[int]]:
     print(f"warning: only {len(steps)} checkpoints exist; averaging {steps}")
   total, meta, newest = None, None, None
   for step in steps:
-    state, _, meta = checkpoints.restore_step(source, step, abstract, with_data=False)
+    try:
+      state, _, meta = checkpoints.restore_step(source, step, abstract, with_data=False)
+    except UserError:
+      raise
+    except Exception as e:  # Orbax raises many types for damaged files.
+      checkpoints.silence_abandoned_reads()
+      raise UserError(
+          f"checkpoint {os.path.join(checkpoints.checkpoint_dir(workdir), str(step))} is unreadable "
+          f"({type(e).__name__}); average fewer (--last) or move that folder away; nothing was written"
+      ) from None
     params = jax.tree.map(lambda x: np.asarray(x, np.float64), state.params)
     total = params if total is None else jax.tree.map(np.add, total, params)
     newest = state

@@ -147,7 +147,7 @@ def restore_latest(
     except UserError:
       raise
     except Exception as e:  # Orbax raises many types for damaged files.
-      _silence_abandoned_reads()
+      silence_abandoned_reads()
       path = os.path.join(str(manager.directory), str(step))
       message = " ".join(str(e).split())[:300]
       logging.warning("checkpoint %s is unreadable (%s)", path, message)
@@ -164,7 +164,7 @@ def restore_latest(
   return restored
 
 
-def _silence_abandoned_reads() -> None:
+def silence_abandoned_reads() -> None:
   """Keeps the failed restore's other array reads from printing tracebacks later.
 
   When one array of a damaged checkpoint fails, Orbax abandons the coroutines

@@ -31,11 +31,20 @@ class MetricsWriter:
         pass
 
   def truncate_after(self, step: int) -> None:
-    """Drops rows logged after `step` (a resumed run writes them again)."""
+    """Drops rows logged after `step` (a resumed run writes them again).
+
+    A half-written last line (the process was killed mid-write) is dropped too.
+    """
     if not self.enabled or not os.path.exists(self.path):
       return
+    rows = []
     with open(self.path) as f:
-      rows = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+      for line in f:
+        try:
+          if json.loads(line)["step"] <= step:
+            rows.append(line if line.endswith("\n") else line + "\n")
+        except (ValueError, KeyError, TypeError):
+          continue
     with open(self.path + ".tmp", "w") as f:
       f.writelines(rows)
     os.replace(self.path + ".tmp", self.path)

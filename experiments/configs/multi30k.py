@@ -38,20 +38,23 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.update(dict(
       dataset="multi30k", variant="tok", source_lang="en", target_lang="de",
       vocab_size=8_000, max_len=64, tokens_per_batch=4_096,
-      bucket_boundaries=(16, 24, 32, 48, 64),  # Few shapes: fewer compiles.
+      # Packed rows of 64 tokens: 7% padding (24% with length buckets) and one
+      # batch shape, so one compile.
+      pack=True,
+      bucket_boundaries=(16, 24, 32, 48, 64),  # Eval batches: few shapes, few compiles.
   ))
-  config.num_train_steps = 2_400
+  config.num_train_steps = 1_800
   config.label_smoothing = 0.1
   # The paper's warm-up of 4000 steps is longer than this whole run.
   config.schedule = "linear_rsqrt"
   config.learning_rate = 1.5e-3
-  config.warmup_steps = 300
+  config.warmup_steps = 150
   config.grad_clip_norm = 1.0
   config.log_every_steps = 50
-  config.eval_every_steps = 400
+  config.eval_every_steps = 200
   # Dev BLEU takes minutes per evaluation on 2 cores; test2016 is scored at the end.
   config.eval_bleu_sentences = 0
-  config.checkpoint_every_steps = 400
+  config.checkpoint_every_steps = 100
   config.checkpoint_every_minutes = 10.0
   config.keep_checkpoints = 5
   config.average_last_checkpoints = 5

@@ -70,6 +70,18 @@ def test_translate_falls_back_from_a_latest_checkpoint_missing_a_file(trained_co
   assert runner.checkpoint_hashes(trained_copy) == before, "translate must not change checkpoints"
 
 
+def test_averaging_over_a_damaged_checkpoint_is_one_line_and_writes_nothing(trained_copy):
+  latest = trained_copy / "checkpoints" / "20"
+  with open(_largest_file(latest / "state"), "r+b") as f:
+    f.truncate(10)
+  before = runner.checkpoint_hashes(trained_copy)
+  result = runner.run(runner.module_command("average_checkpoints", f"--workdir={trained_copy}",
+                                            "--last=2"), timeout=runner.QUICK_TIMEOUT_S)
+  assert_one_line_error(result, str(latest), "unreadable", "--last")
+  assert not (trained_copy / "checkpoints_averaged").exists()
+  assert runner.checkpoint_hashes(trained_copy) == before
+
+
 def test_a_workdir_that_cannot_be_created_is_one_line(prepared_dir, tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder\n")

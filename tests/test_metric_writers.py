@@ -1,0 +1,20 @@
+"""metrics.jsonl on resume: rows after the restored step go, a torn last line too."""
+
+import json
+
+from transformer_jax.metric_writers import MetricsWriter
+
+
+def test_truncate_after_drops_later_rows_and_a_half_written_last_line(tmp_path):
+  writer = MetricsWriter(str(tmp_path), total_steps=30, enabled=True)
+  for step in (10, 20, 30):
+    writer.write({"step": step, "loss": 1.0 / step})
+  with open(writer.path, "a") as f:
+    f.write('{"split": "train", "step": 4')  # Killed in the middle of a write.
+
+  writer.truncate_after(20)
+  rows = [json.loads(line) for line in open(writer.path)]
+  assert [r["step"] for r in rows] == [10, 20]
+
+  writer.write({"step": 30, "loss": 0.5})  # The resumed run logs step 30 again, once.
+  assert [json.loads(line)["step"] for line in open(writer.path)] == [10, 20, 30]
