@@ -37,6 +37,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from timing import median_time  # experiments/timing.py (this folder is on sys.path)
+
 PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # As transformer_jax.special_tokens.
 
 
@@ -87,15 +89,6 @@ def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int) -> torc
   tokens = np.random.default_rng(seed).integers(4, vocab_size, size=(rows, length))
   tokens[:, -1] = EOS_ID
   return torch.from_numpy(tokens.astype(np.int64))
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
-  times = []
-  for _ in range(max(1, repeats)):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times), times
 
 
 def autocast(dtype: str):

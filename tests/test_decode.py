@@ -7,7 +7,7 @@ import pytest
 
 from transformer_jax import decode, parallel
 from transformer_jax.model import Transformer, shift_right
-from transformer_jax.special_tokens import BOS_ID, EOS_ID
+from transformer_jax.special_tokens import EOS_ID
 
 SRC = jnp.array([[5, 6, 7, 8, 9, EOS_ID], [10, 11, 12, EOS_ID, 0, 0]])
 

@@ -7,7 +7,6 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 
 from transformer_jax import checkpoints, parallel
 from transformer_jax.inference import abstract_train_state, read_config

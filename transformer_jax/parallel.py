@@ -58,16 +58,35 @@ def maybe_initialize_distributed(
     process_id = int(env["JAX_PROCESS_ID"])
   if coordinator_address and num_processes and num_processes > 1:
     timeout = int(env.get("TRANSFORMER_JAX_DISTRIBUTED_TIMEOUT_S", "120"))
+    # How long the others wait for a silent process before stopping (JAX's default: 100 s).
+    heartbeat = int(env.get("TRANSFORMER_JAX_HEARTBEAT_TIMEOUT_S", "30"))
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
         initialization_timeout=timeout,
+        heartbeat_timeout_seconds=heartbeat,
     )
   elif "SLURM_JOB_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
     jax.distributed.initialize()  # Auto-detected.
   elif env.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
     jax.distributed.initialize()  # A multi-host TPU slice.
+
+
+def any_process(*flags: bool) -> tuple[bool, ...]:
+  """Each flag OR-ed over all processes, so that every process takes the same branch.
+
+  Host-side decisions that lead to collective work (save a checkpoint because
+  SIGTERM arrived, or because N minutes passed on this host's clock) must agree,
+  or the processes that save wait forever for those that do not. One tiny
+  all-gather; nothing at all in a single-process run.
+  """
+  if jax.process_count() == 1:
+    return tuple(bool(f) for f in flags)
+  from jax.experimental import multihost_utils
+
+  gathered = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
+  return tuple(bool(f) for f in gathered.reshape(jax.process_count(), len(flags)).any(axis=0))
 
 
 def make_mesh(mesh_config: Any, devices: list | None = None) -> Mesh:

@@ -358,11 +358,12 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
       batch = parallel.global_batch(model_batch(next(train_iter)), mesh)
       state, metrics = train_fn(state, batch)
       is_last = step == config.num_train_steps
-      preempted = preemption.requested  # Read once: a SIGTERM from here on waits a step.
+      # Read once: a SIGTERM from here on waits a step. Every host must take the
+      # same decision (a save is collective): a signal or a timer on any host counts.
+      preempted, save_timer_due = parallel.any_process(
+          preemption.requested, time.time() - last_save_time > 60 * config.checkpoint_every_minutes)
       checkpoint_due = (
-          step % config.checkpoint_every_steps == 0
-          or time.time() - last_save_time > 60 * config.checkpoint_every_minutes
-          or preempted or is_last
+          step % config.checkpoint_every_steps == 0 or save_timer_due or preempted or is_last
       )
       log_due = step % config.log_every_steps == 0 or is_last
       window_tokens = window_tokens + metrics["tokens"]  # Stays on device: no sync.

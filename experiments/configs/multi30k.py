@@ -43,7 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
       pack=True,
       bucket_boundaries=(16, 24, 32, 48, 64),  # Eval batches: few shapes, few compiles.
   ))
-  config.num_train_steps = 1_800
+  config.num_train_steps = 1_600
   config.label_smoothing = 0.1
   # The paper's warm-up of 4000 steps is longer than this whole run.
   config.schedule = "linear_rsqrt"

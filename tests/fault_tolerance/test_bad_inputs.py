@@ -12,7 +12,6 @@ import concurrent.futures
 import dataclasses
 import pathlib
 import shutil
-import sys
 from typing import Callable
 
 import pytest

@@ -17,5 +17,5 @@ def test_translate_outputs_one_line_per_input_line(uninterrupted):
   outputs = result.stdout.split("\n")[:-1]
   assert len(outputs) == len(lines), outputs
   assert outputs[1] == "" and outputs[3] == "", "blank lines must stay blank"
-  assert f"line 3 has" in result.stderr and f"truncated to {max_len}" in result.stderr
+  assert "line 3 has" in result.stderr and f"truncated to {max_len}" in result.stderr
   assert "Traceback" not in result.stderr

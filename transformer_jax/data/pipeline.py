@@ -3,8 +3,10 @@
 `load_dataset(config.data)` prepares the corpus (TFDS array_record, once),
 trains or loads the shared SentencePiece vocabulary (once), tokenizes every
 split once (cached as .npz beside the prepared data) and keeps the ids in
-memory, so batches never wait for per-record reads. Batching itself lives in
-`batching.py`.
+memory, so batches never wait for per-record reads. Training and eval batches
+are grain `MapDataset`s over precomputed batch plans (`batching.py`): a
+deterministic grain shuffle of the batch order and a map that assembles this
+host's rows, read by index so a restored iterator continues exactly.
 
 Measure throughput: `python -m transformer_jax.data.pipeline --dataset multi30k`.
 """

@@ -1,0 +1,114 @@
+"""The result of one finished training run, chosen on dev and reported on test.
+
+  TRANSFORMER_JAX_DATA_DIR=../shared/data python experiments/report_run.py \
+      --workdir=runs/multi30k --out=results/multi30k
+
+For the latest checkpoint and for the average of the last `--average` ones it
+decodes the dev split (§6.1 beam search), picks the better by dev BLEU (the
+test split is never used to choose), then decodes the test split with that
+one. Writes `<out>/result.json` (every score, the choice, the training time,
+the config), `<out>/curves.png` (train and dev NLL against step) and a copy
+of the run's `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "A finished training run.")
+  flags.DEFINE_string("out", None, "Folder for result.json, curves.png, metrics.jsonl.")
+  flags.DEFINE_integer("average", 5, "Checkpoints averaged for the 'averaged' candidate; 1: none.")
+  flags.DEFINE_string("dev_split", None, "Split to choose on; default: the dataset's dev split.")
+  flags.DEFINE_string("test_split", None, "Split to report; default: config.final_eval_split.")
+  flags.DEFINE_string("metric", "auto", "Score to choose by: tok_bleu on multi30k, else paper_bleu.")
+
+
+def report(workdir: str, out: str, average: int, dev_split: str | None, test_split: str | None,
+           metric: str = "auto") -> dict:
+  """Scores the run (see the module docstring) and writes the report files; returns the result."""
+  from ablations import plot_curves, read_metrics  # experiments/ablations.py
+
+  from transformer_jax.average_checkpoints import average_checkpoints
+  from transformer_jax.data.pipeline import load_dataset
+  from transformer_jax.decode import DecodeOptions
+  from transformer_jax.evaluate import evaluate_texts
+  from transformer_jax.inference import load_run, read_config
+
+  config = read_config(workdir)
+  data = load_dataset(config.data)
+  dev_split = dev_split or data.eval_split
+  test_split = test_split or config.final_eval_split
+  metric = metric if metric != "auto" else ("tok_bleu" if config.data.dataset == "multi30k"
+                                            else "paper_bleu")
+  options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
+                          max_extra_len=config.max_decode_extra_len)
+  candidates = ["latest"]
+  averaged_steps = None
+  if average > 1:
+    _, averaged_steps = average_checkpoints(workdir, average)
+    candidates.append("averaged")
+
+  def score(checkpoint: str, split: str) -> dict:
+    run = load_run(workdir, checkpoint)
+    sources, references = data.texts(split)
+    scores, _ = evaluate_texts(run, sources, references, options)
+    scores.update(checkpoint=checkpoint, step=run.step, split=split)
+    print(f"{checkpoint} on {split}: {metric} {scores[metric]:.2f}, sacreBLEU "
+          f"{scores['sacrebleu']:.2f}", flush=True)
+    return scores
+
+  dev = {name: score(name, dev_split) for name in candidates}
+  chosen = max(candidates, key=lambda name: dev[name][metric])
+  test = score(chosen, test_split)
+  metrics = read_metrics(Path(workdir))
+  train_rows = [r for r in metrics if r["split"] == "train"]
+  result = dict(
+      chosen_checkpoint=chosen, chosen_by=f"{metric} on {dev_split}", metric=metric,
+      test=test, dev=dev, averaged_steps=averaged_steps,
+      train_steps=train_rows[-1]["step"] if train_rows else None,
+      train_seconds=train_rows[-1].get("elapsed_s") if train_rows else None,
+      decode=dict(beam_size=options.beam_size, alpha=options.alpha,
+                  max_extra_len=options.max_extra_len),
+      config=json.loads(config.to_json_best_effort()),
+  )
+  out_dir = Path(out)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+  shutil.copyfile(Path(workdir) / "metrics.jsonl", out_dir / "metrics.jsonl")
+  plot_curves(out_dir / "curves.png", {Path(workdir).name: metrics})
+  print(f"test ({test_split}, {chosen}): {metric} {test[metric]:.2f}, sacreBLEU "
+        f"{test['sacrebleu']:.2f}; wrote {out_dir}/result.json and curves.png")
+  return result
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from transformer_jax.errors import UserError, exit_on_user_error
+
+  def run():
+    if not FLAGS.workdir or not FLAGS.out:
+      raise UserError("--workdir (a finished run) and --out (a folder) are required")
+    report(FLAGS.workdir, FLAGS.out, FLAGS.average, FLAGS.dev_split, FLAGS.test_split,
+           FLAGS.metric)
+
+  exit_on_user_error(run)()
+
+
+if __name__ == "__main__":
+  from transformer_jax import cli
+
+  cli.keep_freed_host_memory()
+  define_flags()
+  app.run(main, flags_parser=cli.parse_flags)
