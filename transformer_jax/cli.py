@@ -109,7 +109,7 @@ def keep_freed_host_memory() -> None:
   m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # <malloc.h>
   libc.mallopt(m_arena_max, 1)
   libc.mallopt(m_mmap_max, 0)
-  libc.mallopt(m_trim_threshold, 2**31 - 1)
+  libc.mallopt(m_trim_threshold, -1)  # -1: never trim (2^31-1 would still trim > 2 GiB tops).
 
 
 def enable_compilation_cache() -> None:
