@@ -60,7 +60,7 @@ def test_every_table3_row_validates(table3, scale):
     validate_config(config)
     assert set(table3.PAPER) == set(table3.ROWS)
   cpu = table3.get_config("base,cpu")
-  assert (cpu.data.dataset, cpu.model.d_model, cpu.model.num_layers) == ("multi30k", 256, 3)
+  assert (cpu.data.dataset, cpu.model.d_model, cpu.model.num_layers) == ("multi30k", 128, 3)
 
 
 def test_config_flag_selects_a_table3_row():
@@ -69,7 +69,7 @@ def test_config_flag_selects_a_table3_row():
   config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
   flag_values(argv)
   config = flag_values.config
-  assert (config.model.num_heads, config.model.d_k, config.model.d_v) == (1, 256, 256)
+  assert (config.model.num_heads, config.model.d_k, config.model.d_v) == (1, 128, 128)
   assert config.num_train_steps == 7
 
 

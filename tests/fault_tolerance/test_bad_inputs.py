@@ -148,6 +148,9 @@ CASES = [
          ("--source has 2 lines but --reference has 3",), prepare=_source_and_reference),
     Case("average_last_zero", "average_checkpoints", ("--workdir={workdir}", "--last=0"),
          ("--last=0 must be at least 1",)),
+    *(Case(f"unknown_flag_{module}", module, ("--workdir={workdir}", "--bogus=1"),
+           ("Unknown command line flag 'bogus'",))
+      for module in ("translate", "evaluate", "average_checkpoints")),
 ]
 
 
