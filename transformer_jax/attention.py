@@ -72,6 +72,11 @@ def dot_product_attention_weights(
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / jnp.sqrt(depth).astype(
       query.dtype
   )
+  return masked_softmax(logits, mask)
+
+
+def masked_softmax(logits: Array, mask: Array | None) -> Array:
+  """float32 softmax over the last axis, masked positions at `_MASKED_LOGIT`."""
   logits = logits.astype(jnp.float32)  # Softmax in float32 even under bf16.
   if mask is not None:
     logits = jnp.where(mask, logits, _MASKED_LOGIT)
@@ -244,13 +249,10 @@ class MultiHeadAttention(nn.Module):
     key_value = (("key", self.d_k), ("value", self.d_v))
     to_cache_layout = lambda key, value: (key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
     if cross_attention:
-      # Computed once per sentence, on the call that creates the cache.
-      make = lambda: to_cache_layout(*self._project(inputs_kv, key_value))
-      is_initialized = self.has_variable("cache", "cross_key")
-      if not is_initialized:
-        key, value = make()
-        self.variable("cache", "cross_key", lambda: key)
-        self.variable("cache", "cross_value", lambda: value)
+      if not self.has_variable("cache", "cross_key"):  # Once per sentence, with the cache.
+        key, value = to_cache_layout(*self._project(inputs_kv, key_value))
+        self.put_variable("cache", "cross_key", key)
+        self.put_variable("cache", "cross_value", value)
       key = self.get_variable("cache", "cross_key")
       value = self.get_variable("cache", "cross_value")
       (query,) = self._project(inputs_q, (("query", self.d_k),))
@@ -267,10 +269,7 @@ class MultiHeadAttention(nn.Module):
     if mask is not None and mask.shape[0] not in (1, key.shape[0]):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
     logits = jnp.einsum("bqhd,bhdk->bhqk", query, key) / jnp.sqrt(self.d_k).astype(query.dtype)
-    logits = logits.astype(jnp.float32)
-    if mask is not None:
-      logits = jnp.where(mask, logits, _MASKED_LOGIT)
-    weights = jax.nn.softmax(logits, axis=-1)
+    weights = masked_softmax(logits, mask)
     attended = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value.dtype), value)
     return attended.reshape(rows, q_len, self.num_heads, self.d_v)
 

@@ -96,7 +96,7 @@ def keep_freed_host_memory() -> None:
   glibc returns large blocks (and the per-thread arenas' heaps) to the OS,
   so every step page-faults its temporaries in again. Measured on the quick
   start (2 CPU cores): 45k minor faults per step, a quarter of the CPU time in
-  the kernel; with one arena, no mmap'd blocks and no trimming: 1.5k faults
+  the kernel; with one arena, no mmap'd blocks and no trimming: ~1.7k faults
   and 1.4x the training tokens/s, for a higher resident peak (freed memory is
   kept for reuse). Call it first thing in a process, before JAX starts its
   threads. Linux/glibc only; TRANSFORMER_JAX_KEEP_FREED_MEMORY=0 turns it off.

@@ -243,7 +243,7 @@ class TrainIterator:
     if self._lengths.max() > self.max_len:
       raise ValueError("pairs longer than max_len must be filtered first")
     self.epoch, self.batch_in_epoch = 0, 0
-    self._dataset_cache: tuple[int, grain.MapDataset] | None = None
+    self._dataset_cache: tuple[int, tuple[grain.MapDataset, grain.MapDataset]] | None = None
     self.fingerprint = hashlib.sha256(json.dumps(
         ["grain", self.seed, self.tokens_per_batch, self.boundaries, self.pack,
          batch_multiple, len(split), int(self._lengths.sum())]).encode()).hexdigest()[:16]
@@ -254,9 +254,20 @@ class TrainIterator:
     A pure function of (seed, epoch, lengths): pairs are permuted, bucketed
     (or packed) into batches, and grain shuffles the batch order.
     """
-    return list(self._epoch_plans(epoch))
+    return list(self._epoch_datasets(epoch)[0])
 
-  def _epoch_plans(self, epoch: int) -> grain.MapDataset:
+  def epoch_batches(self, epoch: int) -> grain.MapDataset:
+    """This host's batches of `epoch` (grain: plans -> shuffle -> assemble)."""
+    return self._epoch_datasets(epoch)[1]
+
+  def _epoch_datasets(self, epoch: int) -> tuple[grain.MapDataset, grain.MapDataset]:
+    """(global batch plans, this host's assembled batches) of `epoch`, built once."""
+    if self._dataset_cache is None or self._dataset_cache[0] != epoch:
+      plans = self._plan_epoch(epoch)
+      self._dataset_cache = (epoch, (plans, plans.map(self._host_batch)))
+    return self._dataset_cache[1]
+
+  def _plan_epoch(self, epoch: int) -> grain.MapDataset:
     rng = np.random.default_rng([self.seed, epoch])
     order = rng.permutation(len(self.split))
     if self.pack:
@@ -268,12 +279,6 @@ class TrainIterator:
     else:
       plan = bucket_plan(order, self._lengths, self.boundaries, self.rows)
     return grain.MapDataset.source(plan).shuffle(seed=int(rng.integers(2**31)))
-
-  def epoch_batches(self, epoch: int) -> grain.MapDataset:
-    """This host's batches of `epoch` (grain: plans -> shuffle -> assemble)."""
-    if self._dataset_cache is None or self._dataset_cache[0] != epoch:
-      self._dataset_cache = (epoch, self._epoch_plans(epoch).map(self._host_batch))
-    return self._dataset_cache[1]
 
   def _host_batch(self, plan: tuple) -> dict[str, np.ndarray]:
     length, rows = plan
