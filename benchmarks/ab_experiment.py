@@ -15,6 +15,11 @@ Variants:
   rbg_prng: dropout keys from the "rbg" PRNG instead of threefry.
   xla_attention: config.model.attention_impl = "xla" (jax.nn.dot_product_attention).
   no_dropout: dropout 0 (an upper bound on what cheaper dropout could save).
+  row_chunked_loss: the tied output projection and the smoothed loss computed in a
+      lax.scan over chunks of --chunk_rows target tokens, so each [rows, vocab] block
+      of logits, softmax and logits gradient stays in cache (same values).
+  eigen_dots: XLA:CPU without YNNPACK (`xla_cpu_experimental_ynn_fusion_type=`):
+      every dot through Eigen.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from typing import Any, Callable
 from absl import app, flags
 
 flags.DEFINE_enum("variant", "closed_form_loss",
-                  ["closed_form_loss", "rbg_prng", "xla_attention", "no_dropout"], "The B side.")
+                  ["closed_form_loss", "rbg_prng", "xla_attention", "no_dropout",
+                   "row_chunked_loss", "eigen_dots"], "The B side.")
+flags.DEFINE_integer("chunk_rows", 256, "row_chunked_loss: target tokens per chunk.")
 flags.DEFINE_string("config_file", "experiments/configs/wmt14_base.py", "Experiment config file.")
 flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
 flags.DEFINE_integer("src_len", 32, "Source tokens per sentence.")
@@ -52,6 +59,57 @@ def closed_form_token_losses(logits, targets, label_smoothing: float):
   return smoothed, lse - target_logit
 
 
+def row_chunked_token_losses(hidden, embedding, targets, label_smoothing: float, chunk_rows: int):
+  """token_losses(hidden @ embedding.T, ...) computed chunk_rows tokens at a time.
+
+  hidden: [batch, length, d_model]; embedding: [vocab, d_model]; targets: int[batch, length].
+  """
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_jax.losses import token_losses
+
+  batch, length, d_model = hidden.shape
+  rows = batch * length
+  if rows % chunk_rows:
+    raise ValueError(f"{rows} target tokens are not a multiple of --chunk_rows={chunk_rows}")
+
+  def chunk(_, inputs):
+    chunk_hidden, chunk_targets = inputs
+    logits = chunk_hidden @ embedding.T.astype(chunk_hidden.dtype)
+    return None, token_losses(logits, chunk_targets, label_smoothing)
+
+  _, (smoothed, nll) = jax.lax.scan(
+      chunk, None, (hidden.reshape(rows // chunk_rows, chunk_rows, d_model),
+                    targets.reshape(rows // chunk_rows, chunk_rows)))
+  return smoothed.reshape(batch, length), nll.reshape(batch, length)
+
+
+def patch_row_chunked_loss(chunk_rows: int) -> None:
+  """The model returns its final hidden states; train.loss_sums projects them in chunks."""
+  import jax.numpy as jnp
+
+  from transformer_jax import train
+  from transformer_jax.special_tokens import PAD_ID
+  from transformer_jax.model import Transformer
+
+  Transformer._logits = lambda self, x: x.astype(jnp.float32)
+
+  def loss_sums(params, batch, model, label_smoothing, train, dropout_key):
+    rngs = {"dropout": dropout_key} if train else {}
+    hidden = model.apply({"params": params}, **_decoder_inputs(batch), train=train, rngs=rngs)
+    smoothed, nll = row_chunked_token_losses(
+        hidden, params["target_embedding"]["embedding"], batch["target_tokens"],
+        label_smoothing, chunk_rows)
+    weights = (batch["target_tokens"] != PAD_ID).astype(jnp.float32)
+    loss_sum = jnp.sum(smoothed * weights)
+    return loss_sum, dict(loss_sum=loss_sum, nll_sum=jnp.sum(nll * weights),
+                          tokens=jnp.sum(weights))
+
+  _decoder_inputs = train._decoder_inputs
+  train.loss_sums = loss_sums
+
+
 def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int):
   """As experiments/benchmark.py: random non-special tokens ending in EOS; no PAD."""
   import numpy as np
@@ -70,7 +128,7 @@ def static_costs(compiled) -> dict[str, float]:
               temp_bytes=float(compiled.memory_analysis().temp_size_in_bytes))
 
 
-def compiled_step(config, batch_np) -> tuple[Callable, Any]:
+def compiled_step(config, batch_np, compiler_options=None) -> tuple[Callable, Any]:
   """(step() -> seconds, holder with the state and static costs), traced with the current patches."""
   import jax
   from flax import linen as nn
@@ -86,7 +144,7 @@ def compiled_step(config, batch_np) -> tuple[Callable, Any]:
   train_fn, _ = train.compile_steps(model, optimizer, config, mesh, shardings)
   batch = parallel.global_batch(batch_np, mesh)
   with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-    compiled = train_fn.__wrapped__.lower(state, batch).compile()
+    compiled = train_fn.__wrapped__.lower(state, batch).compile(compiler_options)
   holder = dict(state=state, static=static_costs(compiled))
 
   def step() -> float:
@@ -125,7 +183,12 @@ def main(argv: list[str]) -> None:
     config.model.attention_impl = "xla"
   elif FLAGS.variant == "no_dropout":
     config.model.dropout_rate = 0.0
-  step_b, holder_b = compiled_step(config, batch)
+  elif FLAGS.variant == "row_chunked_loss":
+    patch_row_chunked_loss(FLAGS.chunk_rows)
+  compiler_options = None
+  if FLAGS.variant == "eigen_dots":
+    compiler_options = {"xla_cpu_experimental_ynn_fusion_type": ""}
+  step_b, holder_b = compiled_step(config, batch, compiler_options)
   static = dict(a=holder_a["static"], b=holder_b["static"])
   static["b_over_a"] = {k: static["b"][k] / static["a"][k] for k in static["a"] if static["a"][k]}
   print("static (XLA cost analysis):", json.dumps(static), flush=True)

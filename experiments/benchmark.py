@@ -89,7 +89,8 @@ flags.DEFINE_string("results_dir", "benchmarks/results",
 flags.DEFINE_string("summary", "benchmarks/README.md",
                     "Markdown summary rebuilt from results_dir; '' writes none.")
 flags.DEFINE_string("profile_dir", "",
-                    "Training only: trace 2 steps here and print where the time goes.")
+                    "Trace 2 train steps (or one call per decoding method) here and print "
+                    "where the time goes.")
 flags.DEFINE_integer("peak_matmul_size", 0, "n of the n×n matmul timed for the peak; 0: auto.")
 flags.DEFINE_string("prng_impl", "", "jax_default_prng_impl for dropout (e.g. rbg); '' keeps.")
 
@@ -360,7 +361,7 @@ def benchmark_decoding(config) -> Result:
       jax.random.key(config.seed))
   src = synthetic_tokens(FLAGS.batch_size, FLAGS.src_len, model.config.vocab_size, 3)
   methods = [("greedy", 1)] + ([("beam", FLAGS.beam_size)] if FLAGS.beam_size > 1 else [])
-  runs, marian_runs = {}, {}
+  runs, marian_runs, profiles = {}, {}, {}
   if FLAGS.compare == "marian" and FLAGS.compare_mode == "paired":
     reference = load_reference(["decode", *model_args(model.config),
                                 f"--decode_steps={FLAGS.decode_steps}",
@@ -387,6 +388,10 @@ def benchmark_decoding(config) -> Result:
                                  first_call_s=marian_first_s)
     else:
       seconds, times = median_time(lambda: translator(src), FLAGS.decode_repeats)
+    if FLAGS.profile_dir:
+      profiles[method] = profile_steps(translator.lower(src).compile(), lambda: translator(src),
+                                       os.path.join(FLAGS.profile_dir, method), steps=1,
+                                       name=f"decode_{method}")
     runs[method] = dict(
         beam_size=beam_size, seconds=seconds, times_s=times, best_s=min(times),
         sentences_per_s=FLAGS.batch_size / seconds,
@@ -404,6 +409,8 @@ def benchmark_decoding(config) -> Result:
       seconds=main["seconds"], methods=runs,
       peak_memory_bytes=memory, peak_memory_source=memory_source,
   )
+  if profiles:
+    result["profiles"] = profiles
   if marian_runs:
     result["marian"] = reference.module.decode_result(
         reference.args, marian_info, marian_runs, compare_mode="paired",
@@ -631,13 +638,15 @@ def console_table(result: Result) -> str:
   lines = [f"  {name:<{width}}  {value}" for name, value in rows]
   if "profile" in result:
     lines.append(profile_table(result["profile"]))
+  for method, profile in result.get("profiles", {}).items():
+    lines.append(profile_table(profile, f"{method} decoding call"))
   return "\n".join(lines)
 
 
-def profile_table(profile: Result) -> str:
+def profile_table(profile: Result, unit: str = "step") -> str:
   if "error" in profile:
     return f"  profile: {profile['error']}"
-  lines = [f"  profile: {profile['op_seconds_per_step'] * 1e3:.0f} ms of op time per step "
+  lines = [f"  profile: {profile['op_seconds_per_step'] * 1e3:.0f} ms of op time per {unit} "
            "(summed over threads)"]
   for key in ("by_category", "by_component", "by_pass"):
     parts = ", ".join(f"{k} {v * 100:.0f}%" for k, v in profile[key].items())

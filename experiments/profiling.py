@@ -21,7 +21,8 @@ from typing import Any, Callable
 Result = dict[str, Any]
 
 
-def profile_steps(compiled, step: Callable[[], None], profile_dir: str, steps: int = 2) -> Result:
+def profile_steps(compiled, step: Callable[[], None], profile_dir: str, steps: int = 2,
+                  name: str = "train_step") -> Result:
   """Traces `steps` steps and attributes each XLA op's time to a category and a component.
 
   Categories come from the optimized HLO (an op, or a fusion, holding a dot is
@@ -32,7 +33,7 @@ def profile_steps(compiled, step: Callable[[], None], profile_dir: str, steps: i
 
   hlo_text = compiled.as_text()
   os.makedirs(profile_dir, exist_ok=True)
-  with open(os.path.join(profile_dir, "train_step.hlo.txt"), "w") as f:
+  with open(os.path.join(profile_dir, f"{name}.hlo.txt"), "w") as f:
     f.write(hlo_text)  # For a closer look, with the trace.
   ops = hlo_op_table(hlo_text)
   with jax.profiler.trace(profile_dir, create_perfetto_trace=True):

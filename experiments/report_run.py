@@ -3,10 +3,10 @@
   TRANSFORMER_JAX_DATA_DIR=../shared/data python experiments/report_run.py \
       --workdir=runs/multi30k --out=results/multi30k
 
-For the latest checkpoint and for the average of the last `--average` ones it
-decodes the dev split (§6.1 beam search), picks the better by dev BLEU (the
-test split is never used to choose), then decodes the test split with that
-one. Writes `<out>/result.json` (every score, the choice, the training time,
+For the latest checkpoint and for the average of the last N ones, for each N
+in `--average` (e.g. `--average=5,10`), it decodes the dev split (§6.1 beam
+search), picks the best by dev BLEU (the test split is never used to choose),
+then decodes the test split with that one. Writes `<out>/result.json` (every score, the choice, the training time,
 the config), `<out>/curves.png` (train and dev NLL against step) and a copy
 of the run's `metrics.jsonl`.
 """
@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from absl import app, flags
 
@@ -29,18 +30,20 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   flags.DEFINE_string("workdir", None, "A finished training run.")
   flags.DEFINE_string("out", None, "Folder for result.json, curves.png, metrics.jsonl.")
-  flags.DEFINE_integer("average", 5, "Checkpoints averaged for the 'averaged' candidate; 1: none.")
+  flags.DEFINE_list("average", ["5"], "Counts of newest checkpoints to average, one candidate "
+                    "each (e.g. 5,10); 1: the latest only.")
   flags.DEFINE_string("dev_split", None, "Split to choose on; default: the dataset's dev split.")
   flags.DEFINE_string("test_split", None, "Split to report; default: config.final_eval_split.")
   flags.DEFINE_string("metric", "auto", "Score to choose by: tok_bleu on multi30k, else paper_bleu.")
 
 
-def report(workdir: str, out: str, average: int, dev_split: str | None, test_split: str | None,
-           metric: str = "auto") -> dict:
+def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str | None,
+           test_split: str | None, metric: str = "auto") -> dict:
   """Scores the run (see the module docstring) and writes the report files; returns the result."""
   from ablations import plot_curves, read_metrics  # experiments/ablations.py
 
   from transformer_jax.average_checkpoints import average_checkpoints
+  from transformer_jax.errors import UserError
   from transformer_jax.data.pipeline import load_dataset
   from transformer_jax.decode import DecodeOptions
   from transformer_jax.evaluate import evaluate_texts
@@ -54,21 +57,29 @@ def report(workdir: str, out: str, average: int, dev_split: str | None, test_spl
                                             else "paper_bleu")
   options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
                           max_extra_len=config.max_decode_extra_len)
-  candidates = ["latest"]
-  averaged_steps = None
-  if average > 1:
-    _, averaged_steps = average_checkpoints(workdir, average)
-    candidates.append("averaged")
+  counts = [average] if isinstance(average, int) else list(average)
+  if any(count < 1 for count in counts):
+    raise UserError(f"--average={','.join(map(str, counts))}: each count must be at least 1")
+  # "latest", then one "average_N" per count (N > 1); averaged_steps[name] = steps averaged.
+  averaged_steps = {"latest": None}
 
-  def score(checkpoint: str, split: str) -> dict:
-    run = load_run(workdir, checkpoint)
+  def checkpoint_for(name: str) -> str:
+    """Loads `name`'s weights: the latest checkpoint, or the average written just now."""
+    if name == "latest":
+      return "latest"
+    _, averaged_steps[name] = average_checkpoints(workdir, int(name.split("_")[1]))
+    return "averaged"
+
+  def score(name: str, split: str) -> dict:
+    run = load_run(workdir, checkpoint_for(name))
     sources, references = data.texts(split)
     scores, _ = evaluate_texts(run, sources, references, options)
-    scores.update(checkpoint=checkpoint, step=run.step, split=split)
-    print(f"{checkpoint} on {split}: {metric} {scores[metric]:.2f}, sacreBLEU "
+    scores.update(checkpoint=name, step=run.step, split=split, steps=averaged_steps[name])
+    print(f"{name} on {split}: {metric} {scores[metric]:.2f}, sacreBLEU "
           f"{scores['sacrebleu']:.2f}", flush=True)
     return scores
 
+  candidates = ["latest"] + [f"average_{count}" for count in sorted(set(counts)) if count > 1]
   dev = {name: score(name, dev_split) for name in candidates}
   chosen = max(candidates, key=lambda name: dev[name][metric])
   test = score(chosen, test_split)
@@ -76,7 +87,7 @@ def report(workdir: str, out: str, average: int, dev_split: str | None, test_spl
   train_rows = [r for r in metrics if r["split"] == "train"]
   result = dict(
       chosen_checkpoint=chosen, chosen_by=f"{metric} on {dev_split}", metric=metric,
-      test=test, dev=dev, averaged_steps=averaged_steps,
+      test=test, dev=dev, averaged_steps=averaged_steps[chosen],
       train_steps=train_rows[-1]["step"] if train_rows else None,
       train_seconds=train_rows[-1].get("elapsed_s") if train_rows else None,
       decode=dict(beam_size=options.beam_size, alpha=options.alpha,
@@ -100,8 +111,11 @@ def main(argv: list[str]) -> None:
   def run():
     if not FLAGS.workdir or not FLAGS.out:
       raise UserError("--workdir (a finished run) and --out (a folder) are required")
-    report(FLAGS.workdir, FLAGS.out, FLAGS.average, FLAGS.dev_split, FLAGS.test_split,
-           FLAGS.metric)
+    try:
+      counts = [int(count) for count in FLAGS.average]
+    except ValueError:
+      raise UserError(f"--average={','.join(FLAGS.average)} must be whole numbers, e.g. 5,10") from None
+    report(FLAGS.workdir, FLAGS.out, counts, FLAGS.dev_split, FLAGS.test_split, FLAGS.metric)
 
   exit_on_user_error(run)()
 

@@ -45,10 +45,15 @@ def test_training_benchmark_ends_in_json(tmp_path):
   assert "## Training step" in (tmp_path / "README.md").read_text()
 
 
-def test_decoding_benchmark_ends_in_json(tmp_path):
+def test_decoding_benchmark_ends_in_json_and_profiles_each_method(tmp_path):
   result = run_benchmark(tmp_path, "--decode", "--beam_size=2", "--decode_steps=10",
-                         "--decode_repeats=1")
+                         "--decode_repeats=1", f"--profile_dir={tmp_path / 'profile'}")
   for key in ("sentences_per_s", "tokens_per_s", "methods"):
     assert key in result, f"decoding result lacks {key!r}: {sorted(result)}"
   assert set(result["methods"]) == {"greedy", "beam"}, result["methods"].keys()
   assert result["sentences_per_s"] > 0
+  assert set(result["profiles"]) == {"greedy", "beam"}, result.get("profiles")
+  for method, profile in result["profiles"].items():
+    assert "error" not in profile, profile
+    assert abs(sum(profile["by_category"].values()) - 1) < 0.01, profile["by_category"]
+    assert profile["top_ops"] and (tmp_path / "profile" / method / f"decode_{method}.hlo.txt").exists()

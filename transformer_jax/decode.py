@@ -156,22 +156,33 @@ class Translator:
     Rows are padded up to a multiple of the batch shards, so a batch the
     device count does not divide still decodes.
     """
+    padded = self._pad_rows(src_tokens)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
+      out = self._function(src_tokens.shape[1])(self.params, padded, rng)
+    return np.asarray(jax.device_get(out))[: src_tokens.shape[0]]
+
+  def lower(self, src_tokens: np.ndarray, rng: Array | None = None) -> jax.stages.Lowered:
+    """The decoding computation `__call__` runs for this batch shape (for profiling)."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
+      return self._function(src_tokens.shape[1]).lower(self.params, self._pad_rows(src_tokens), rng)
+
+  def _pad_rows(self, src_tokens: np.ndarray) -> np.ndarray:
     shards = parallel.batch_shards(self.mesh)
     rows = src_tokens.shape[0]
-    padded_rows = math.ceil(rows / shards) * shards
-    padded = np.full((padded_rows, src_tokens.shape[1]), PAD_ID, np.int32)
+    padded = np.full((math.ceil(rows / shards) * shards, src_tokens.shape[1]), PAD_ID, np.int32)
     padded[:rows] = src_tokens
     padded[rows:, 0] = EOS_ID  # Filler rows: an empty sentence.
-    max_len = self.max_decode_len(src_tokens.shape[1])
+    return padded
+
+  def _function(self, src_len: int):
+    max_len = self.max_decode_len(src_len)
     if max_len not in self._jitted:
       self._jitted[max_len] = jax.jit(
           lambda params, src, rng: decode_batch(self.model, params, src, self.options, max_len, rng),
           in_shardings=(None, parallel.batch_sharding(self.mesh), None),
           out_shardings=parallel.batch_sharding(self.mesh),
       )
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-      out = self._jitted[max_len](self.params, padded, rng)
-    return np.asarray(jax.device_get(out))[:rows]
+    return self._jitted[max_len]
 
 
 def translate_texts(
