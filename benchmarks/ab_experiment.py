@@ -65,7 +65,6 @@ def row_chunked_token_losses(hidden, embedding, targets, label_smoothing: float,
   hidden: [batch, length, d_model]; embedding: [vocab, d_model]; targets: int[batch, length].
   """
   import jax
-  import jax.numpy as jnp
 
   from transformer_jax.losses import token_losses
 
