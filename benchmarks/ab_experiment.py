@@ -18,6 +18,8 @@ Variants:
   row_chunked_loss: the tied output projection and the smoothed loss computed in a
       lax.scan over chunks of --chunk_rows target tokens, so each [rows, vocab] block
       of logits, softmax and logits gradient stays in cache (same values).
+  dropout_16bit: transformer_jax.dropout.Dropout (16 random bits per element) in place of
+      flax's nn.Dropout (32).
   eigen_dots: XLA:CPU without YNNPACK (`xla_cpu_experimental_ynn_fusion_type=`):
       every dot through Eigen.
 """
@@ -34,7 +36,7 @@ from absl import app, flags
 
 flags.DEFINE_enum("variant", "closed_form_loss",
                   ["closed_form_loss", "rbg_prng", "xla_attention", "no_dropout",
-                   "row_chunked_loss", "eigen_dots"], "The B side.")
+                   "row_chunked_loss", "eigen_dots", "dropout_16bit"], "The B side.")
 flags.DEFINE_integer("chunk_rows", 256, "row_chunked_loss: target tokens per chunk.")
 flags.DEFINE_string("config_file", "experiments/configs/wmt14_base.py", "Experiment config file.")
 flags.DEFINE_integer("batch_size", 64, "Sentences per batch.")
@@ -184,6 +186,12 @@ def main(argv: list[str]) -> None:
     config.model.dropout_rate = 0.0
   elif FLAGS.variant == "row_chunked_loss":
     patch_row_chunked_loss(FLAGS.chunk_rows)
+  elif FLAGS.variant == "dropout_16bit":
+    from flax import linen as nn
+
+    from transformer_jax.dropout import Dropout
+
+    nn.Dropout = Dropout
   compiler_options = None
   if FLAGS.variant == "eigen_dots":
     compiler_options = {"xla_cpu_experimental_ynn_fusion_type": ""}

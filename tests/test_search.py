@@ -402,3 +402,44 @@ def test_length_penalty_formula():
   for length, alpha in itertools.product([1, 7, 50], [0.0, 0.6, 1.0]):
     np.testing.assert_allclose(search.length_penalty(length, alpha),
                                ((5 + length) / 6) ** alpha, rtol=1e-6)
+
+
+@pytest.mark.parametrize("levels", [3, 1000])
+def test_top_k_by_blocks_equals_lax_top_k_including_ties(levels):
+  # levels=3: almost every entry ties with many others; the lowest index must win.
+  rng = np.random.default_rng(levels)
+  values = rng.integers(0, levels, size=(6, 4 * 640)).astype(np.float32)
+  values[0, :] = -np.inf  # A row with no finite entry.
+  values[1, 1000:] = -np.inf
+  for k in (1, 8):
+    want_values, want_index = jax.lax.top_k(jnp.asarray(values), k)
+    got_values, got_index = jax.jit(search.top_k_by_blocks, static_argnums=1)(values, k)
+    np.testing.assert_array_equal(got_values, want_values)
+    np.testing.assert_array_equal(got_index, want_index)
+
+
+def test_first_argmax_equals_argmax_including_ties():
+  rng = np.random.default_rng(0)
+  values = rng.integers(0, 4, size=(16, 3000)).astype(np.float32)
+  np.testing.assert_array_equal(search.first_argmax(jnp.asarray(values)),
+                                np.argmax(values, axis=-1))
+
+
+def test_beam_search_with_blocked_top_k_equals_plain_top_k(monkeypatch):
+  """A vocabulary big enough for the blocked top-k gives the plain top-k's beams."""
+  vocab, max_len = 640, 5
+  tables = jnp.asarray(np.random.default_rng(1).standard_normal((max_len, vocab, vocab)),
+                       jnp.float32)
+
+  def tokens_to_logits(tokens, cache, step):
+    return tables[step][tokens[:, 0]], cache
+
+  def run():
+    return search.beam_search(tokens_to_logits, {"rows": jnp.zeros((12, 1))}, batch_size=3,
+                              beam_size=4, alpha=0.6, max_decode_len=max_len)
+
+  blocked = run()
+  monkeypatch.setattr(search, "top_k_by_blocks", jax.lax.top_k)
+  plain = run()
+  np.testing.assert_array_equal(blocked[0], plain[0])
+  np.testing.assert_allclose(blocked[1], plain[1], rtol=1e-6)

@@ -89,8 +89,10 @@ def test_sharded_step_equals_single_device_step(mesh_shape):
   batches = [synthetic_batch(seed=s) for s in range(2)]
   single, single_metrics = run_steps(config, parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches)
   sharded, sharded_metrics = run_steps(config, parallel.make_mesh(mesh_shape), batches)
+  # Sharded sums add in another order (~2e-5 relative seen); one dropout mask bit that
+  # differed would move whole rows by ~1e-2.
   for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   assert single_metrics["loss"] == pytest.approx(sharded_metrics["loss"], rel=1e-5)
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from transformer_jax.dropout import Dropout
 from transformer_jax.special_tokens import PAD_ID
 
 Array = jax.Array
@@ -225,7 +226,7 @@ class MultiHeadAttention(nn.Module):
         # Kept for attention heat-maps: apply(..., mutable=["intermediates"]).
         self.sow("intermediates", "attention_weights", weights)
         if self.dropout_rate > 0.0 and train:
-          weights = nn.Dropout(rate=self.dropout_rate, deterministic=False)(weights)
+          weights = Dropout(rate=self.dropout_rate, deterministic=False)(weights)
         attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
       else:
         attended = dot_product_attention(query, key, value, mask, self.implementation)

@@ -24,6 +24,7 @@ from transformer_jax.attention import (
     padding_mask,
     segment_mask,
 )
+from transformer_jax.dropout import Dropout
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positions import PositionalEncoding
 from transformer_jax.special_tokens import BOS_ID, PAD_ID
@@ -80,7 +81,7 @@ class EmbedTokens(nn.Module):
     embedded = PositionalEncoding(
         config.positions, config.d_model, config.max_len, name="positions"
     )(embedded, positions)
-    embedded = nn.Dropout(config.dropout_rate)(embedded, deterministic=not train)
+    embedded = Dropout(config.dropout_rate)(embedded, deterministic=not train)
     return nn.with_logical_constraint(embedded, _ACTIVATION)
 
 
@@ -104,7 +105,7 @@ class FeedForward(nn.Module):
     )(inputs)
     hidden = nn.relu(hidden)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
-    hidden = nn.Dropout(config.relu_dropout_rate)(hidden, deterministic=not train)
+    hidden = Dropout(config.relu_dropout_rate)(hidden, deterministic=not train)
     return nn.Dense(
         config.d_model,
         dtype=config.compute_dtype,
@@ -130,7 +131,7 @@ class SublayerConnection(nn.Module):
     config = self.config
     norm = _layer_norm(config, "norm")
     outputs = sublayer(norm(inputs) if config.norm == "pre" else inputs)
-    outputs = nn.Dropout(config.dropout_rate)(outputs, deterministic=not train)
+    outputs = Dropout(config.dropout_rate)(outputs, deterministic=not train)
     outputs = inputs + outputs
     if config.norm == "post":
       outputs = norm(outputs)
