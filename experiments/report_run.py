@@ -6,9 +6,9 @@
 For the latest checkpoint and for the average of the last N ones, for each N
 in `--average` (e.g. `--average=5,10`), it decodes the dev split (§6.1 beam
 search), picks the best by dev BLEU (the test split is never used to choose),
-then decodes the test split with that one. Writes `<out>/result.json` (every score, the choice, the training time,
-the config), `<out>/curves.png` (train and dev NLL against step) and a copy
-of the run's `metrics.jsonl`.
+then decodes the test split with that one. Writes `<out>/result.json` (every
+score, the choice, the training time, the config), `<out>/curves.png` (train
+and dev NLL against step) and a copy of the run's `metrics.jsonl`.
 """
 
 from __future__ import annotations
@@ -62,12 +62,15 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
     raise UserError(f"--average={','.join(map(str, counts))}: each count must be at least 1")
   # "latest", then one "average_N" per count (N > 1); averaged_steps[name] = steps averaged.
   averaged_steps = {"latest": None}
+  on_disk = {"average": None}  # The candidate whose average the "averaged" folder holds.
 
   def checkpoint_for(name: str) -> str:
-    """Loads `name`'s weights: the latest checkpoint, or the average written just now."""
+    """The checkpoint to load for `name`: the latest, or its average (written if not there)."""
     if name == "latest":
       return "latest"
-    _, averaged_steps[name] = average_checkpoints(workdir, int(name.split("_")[1]))
+    if on_disk["average"] != name:
+      _, averaged_steps[name] = average_checkpoints(workdir, int(name.split("_")[1]))
+      on_disk["average"] = name
     return "averaged"
 
   def score(name: str, split: str) -> dict:
