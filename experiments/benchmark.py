@@ -139,10 +139,14 @@ def peak_memory() -> tuple[int, str]:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host peak RSS"
 
 
-def measure_matmul_peak(dtype: str, size: int = 0, repeats: int = 8) -> Result:
+def measure_matmul_peak(dtype: str, size: int = 0, repeats: int = 8,
+                        result_dtype: str = "") -> Result:
   """The best FLOP/s of an n×n×n matmul on device 0, the denominator of MFU.
 
-  Best of `repeats`: other jobs on a shared host only ever make it slower.
+  `dtype` is the operand dtype; with a different `result_dtype` the product
+  accumulates into that dtype, as the model's mixed-precision matmuls do
+  (`transformer_jax/precision.py`). Best of `repeats`: other jobs on a shared
+  host only ever make it slower.
   """
   import jax
   import jax.numpy as jnp
@@ -151,11 +155,15 @@ def measure_matmul_peak(dtype: str, size: int = 0, repeats: int = 8) -> Result:
   size = size or (2048 if device.platform == "cpu" else 8192)
   keys = jax.random.split(jax.random.key(0))
   a, b = (jax.random.normal(k, (size, size), jnp.dtype(dtype)) for k in keys)
-  matmul = jax.jit(jnp.matmul)
+  result_dtype = jnp.dtype(result_dtype or dtype)
+  matmul = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=result_dtype))
   matmul(a, b).block_until_ready()
   _, times = median_time(lambda: matmul(a, b).block_until_ready(), repeats)
+  peak_dtype = str(jnp.dtype(dtype))
+  if result_dtype != jnp.dtype(dtype):
+    peak_dtype += f" -> {result_dtype}"
   return dict(peak_flops_per_s=2 * size**3 / min(times), peak_matmul_size=size,
-              peak_dtype=str(jnp.dtype(dtype)))
+              peak_dtype=peak_dtype)
 
 
 def cost_analysis(compiled, key: str = "flops") -> float | None:
@@ -211,7 +219,8 @@ def _model_summary(model_config) -> Result:
   m = model_config
   return dict(d_model=m.d_model, d_ff=m.d_ff, num_heads=m.num_heads,
               encoder_layers=m.num_encoder_layers, decoder_layers=m.num_decoder_layers,
-              vocab_size=m.vocab_size, dtype=m.dtype, attention_impl=m.attention_impl,
+              vocab_size=m.vocab_size, dtype=m.dtype, matmul_dtype=m.matmul_dtype,
+              attention_impl=m.attention_impl,
               dropout_rate=m.dropout_rate, norm=m.norm)
 
 
@@ -244,7 +253,8 @@ def benchmark_training(config) -> Result:
   optimizer = make_optimizer(config)
   # The peak is measured before and after the steps and the higher kept, so a burst of
   # load during one measurement does not inflate MFU.
-  peak_before = measure_matmul_peak(model.config.dtype, FLAGS.peak_matmul_size)
+  peak_before = measure_matmul_peak(
+      model.config.matmul_dtype, FLAGS.peak_matmul_size, result_dtype=model.config.dtype)
   start = time.perf_counter()
   state, shardings = train.create_train_state(model, optimizer, mesh, config.seed)
   jax.block_until_ready(state)
@@ -298,7 +308,8 @@ def benchmark_training(config) -> Result:
 
   flops = cost_analysis(compiled, "flops")
   analytic = analytic_train_flops(model.config, FLAGS.batch_size, FLAGS.src_len, FLAGS.tgt_len)
-  peak_after = measure_matmul_peak(model.config.dtype, FLAGS.peak_matmul_size)
+  peak_after = measure_matmul_peak(
+      model.config.matmul_dtype, FLAGS.peak_matmul_size, result_dtype=model.config.dtype)
   peak = max(peak_before, peak_after, key=lambda p: p["peak_flops_per_s"])
   used = flops if flops else analytic
   target_tokens = FLAGS.batch_size * FLAGS.tgt_len
@@ -540,12 +551,24 @@ def run_reference(args: list[str]) -> Result:
   return json.loads(lines[-1])
 
 
+def _torch_dtype(model_config) -> str:
+  """bfloat16 (autocast: bf16 matmuls, float32 elsewhere) when JAX's matmuls are bf16."""
+  return "bfloat16" if "bfloat16" in (model_config.dtype, model_config.matmul_dtype) else "float32"
+
+
+def precision_label(model: Result) -> str:
+  """"float32", "bfloat16", or "float32, bf16 matmuls" for a result's model summary."""
+  matmul = model.get("matmul_dtype", model["dtype"])
+  short = {"bfloat16": "bf16", "float32": "f32"}.get(matmul, matmul)
+  return model["dtype"] if matmul == model["dtype"] else f"{model['dtype']}, {short} matmuls"
+
+
 def model_args(model_config) -> list[str]:
   m = model_config
   return [f"--vocab_size={m.vocab_size}", f"--d_model={m.d_model}", f"--d_ff={m.d_ff}",
           f"--num_heads={m.num_heads}", f"--encoder_layers={m.num_encoder_layers}",
           f"--decoder_layers={m.num_decoder_layers}", f"--dropout={m.dropout_rate}",
-          f"--dtype={m.dtype}", f"--batch_size={FLAGS.batch_size}", f"--src_len={FLAGS.src_len}"]
+          f"--dtype={_torch_dtype(m)}", f"--batch_size={FLAGS.batch_size}", f"--src_len={FLAGS.src_len}"]
 
 
 def compare_torch(result: Result, model_config) -> None:
@@ -590,7 +613,7 @@ def console_table(result: Result) -> str:
   if result["mode"] == "train":
     rows = [
         ("config", f"{result['config']} ({result['params'] / 1e6:.1f}M params, "
-                   f"{result['model']['dtype']}, attention {result['model']['attention_impl']})"),
+                   f"{precision_label(result['model'])}, attention {result['model']['attention_impl']})"),
         ("batch", f"{result['batch_size']} × ({result['src_len']} + {result['tgt_len']}) tokens"),
         ("step time (median)", f"{result['step_time_s'] * 1e3:.1f} ms over {result['steps']} steps "
                                f"(best {result['step_time_best_s'] * 1e3:.1f} ms)"),
@@ -707,7 +730,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
   ]
   for r in (r for r in runs if r["mode"] == "train"):
     lines.append(
-        f"| {when(r)} | {kind(r)} | {r['config']} | {r.get('label', '')} | {r['model']['dtype']} "
+        f"| {when(r)} | {kind(r)} | {r['config']} | {r.get('label', '')} | {precision_label(r['model'])} "
         f"| {r['batch_size']} × ({r['src_len']}+{r['tgt_len']}) | {r['step_time_s'] * 1e3:.0f} "
         f"| {r['target_tokens_per_s']:,.0f} | {r['mfu'] * 100:.1f}% | {r['compile_s']:.1f} "
         f"| {mib(r['peak_memory_bytes'])} | {_format(r.get('torch_target_tokens_per_s', ''))} "

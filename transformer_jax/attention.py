@@ -7,11 +7,14 @@ attend".
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from transformer_jax import precision
 from transformer_jax.dropout import Dropout
 from transformer_jax.special_tokens import PAD_ID
 
@@ -60,7 +63,7 @@ def combine_masks(*masks: Array | None) -> Array | None:
 
 
 def dot_product_attention_weights(
-    query: Array, key: Array, mask: Array | None
+    query: Array, key: Array, mask: Array | None, matmul_dtype: Any = None
 ) -> Array:
   """softmax(QKᵀ/√d_k + mask), float32[batch, heads, q_len, k_len].
 
@@ -68,12 +71,21 @@ def dot_product_attention_weights(
     query: [batch, q_len, heads, d_k].
     key: [batch, k_len, heads, d_k].
     mask: bool, broadcastable to [batch, heads, q_len, k_len], or None.
+    matmul_dtype: operand dtype of QKᵀ (see `precision.einsum`); None: the
+      query's dtype.
   """
   depth = query.shape[-1]
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / jnp.sqrt(depth).astype(
-      query.dtype
-  )
+  logits = precision.einsum(
+      "bqhd,bkhd->bhqk", query, key, matmul_dtype or query.dtype, query.dtype
+  ) / jnp.sqrt(depth).astype(query.dtype)
   return masked_softmax(logits, mask)
+
+
+def weighted_values(weights: Array, value: Array, matmul_dtype: Any = None) -> Array:
+  """[batch, q_len, heads, d_v] from weights [batch, heads, q_len, k_len], value [batch, k_len, heads, d_v]."""
+  return precision.einsum(
+      "bhqk,bkhd->bqhd", weights, value, matmul_dtype or value.dtype, value.dtype
+  )
 
 
 def masked_softmax(logits: Array, mask: Array | None) -> Array:
@@ -90,6 +102,7 @@ def dot_product_attention(
     value: Array,
     mask: Array | None,
     implementation: str = "plain",
+    matmul_dtype: Any = None,
 ) -> Array:
   """Scaled dot-product attention, [batch, q_len, heads, d_v].
 
@@ -100,10 +113,12 @@ def dot_product_attention(
     mask: bool, broadcastable to [batch, heads, q_len, k_len], or None.
     implementation: "plain" (einsum + softmax here) or "xla" / "cudnn", which
       dispatch to the fused `jax.nn.dot_product_attention`.
+    matmul_dtype: operand dtype of the plain path's two matmuls; None: the
+      inputs' dtype. The fused paths compute in the inputs' dtype.
   """
   if implementation == "plain":
-    weights = dot_product_attention_weights(query, key, mask)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    weights = dot_product_attention_weights(query, key, mask, matmul_dtype)
+    return weighted_values(weights, value, matmul_dtype)
 
   # The fused kernel needs one head depth for Q, K and V. Zero-padding Q and K
   # leaves QKᵀ unchanged; the scale stays 1/√d_k; padded V columns are cut.
@@ -139,6 +154,8 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: dropout on the attention weights (0 in the paper).
     implementation: see `dot_product_attention`.
     dtype: compute dtype; parameters are float32.
+    matmul_dtype: operand dtype of every matmul (`precision.einsum`); None:
+      `dtype`.
   """
 
   num_heads: int
@@ -148,6 +165,10 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0
   implementation: str = "plain"
   dtype: jnp.dtype = jnp.float32
+  matmul_dtype: Any = None
+
+  def _matmul(self, subscripts: str, lhs: Array, rhs: Array) -> Array:
+    return precision.einsum(subscripts, lhs, rhs, self.matmul_dtype or self.dtype, self.dtype)
 
   def _kernel(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], fan_in: tuple) -> Array:
     """A float32 projection matrix, Glorot-uniform over its (in, out) axes."""
@@ -174,7 +195,9 @@ class MultiHeadAttention(nn.Module):
     widths = [self.num_heads * depth for _, depth in names_and_depths]
     fused = jnp.concatenate([k.reshape(self.d_model, w) for k, w in zip(kernels, widths)], axis=1)
     batch, length = inputs.shape[:2]
-    projected = inputs.astype(self.dtype).reshape(batch * length, self.d_model) @ fused
+    projected = self._matmul(
+        "md,dn->mn", inputs.astype(self.dtype).reshape(batch * length, self.d_model), fused
+    )
     splits = list(np.cumsum(widths)[:-1])
     return [
         part.reshape(batch, length, self.num_heads, depth)
@@ -222,20 +245,24 @@ class MultiHeadAttention(nn.Module):
         key, value = self._project(inputs_kv, key_value)
       query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
       if self.implementation == "plain":
-        weights = dot_product_attention_weights(query, key, mask)
+        weights = dot_product_attention_weights(query, key, mask, self.matmul_dtype)
         # Kept for attention heat-maps: apply(..., mutable=["intermediates"]).
         self.sow("intermediates", "attention_weights", weights)
         if self.dropout_rate > 0.0 and train:
           weights = Dropout(rate=self.dropout_rate, deterministic=False)(weights)
-        attended = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+        attended = weighted_values(weights, value, self.matmul_dtype)
       else:
-        attended = dot_product_attention(query, key, value, mask, self.implementation)
+        attended = dot_product_attention(
+            query, key, value, mask, self.implementation, self.matmul_dtype
+        )
     output_kernel = self._kernel(
         "out", (self.num_heads, self.d_v, self.d_model), ("heads", "kv", "embed"), (0, 1)
     )
     batch, length = attended.shape[:2]
     flat = attended.reshape(batch * length, self.num_heads * self.d_v)
-    output = flat @ output_kernel.reshape(self.num_heads * self.d_v, self.d_model)
+    output = self._matmul(
+        "mk,kn->mn", flat, output_kernel.reshape(self.num_heads * self.d_v, self.d_model)
+    )
     return output.reshape(batch, length, self.d_model)
 
   def _decode_attention(
@@ -269,9 +296,9 @@ class MultiHeadAttention(nn.Module):
     query = query.reshape(key.shape[0], group * q_len, self.num_heads, self.d_k)
     if mask is not None and mask.shape[0] not in (1, key.shape[0]):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
-    logits = jnp.einsum("bqhd,bhdk->bhqk", query, key) / jnp.sqrt(self.d_k).astype(query.dtype)
+    logits = self._matmul("bqhd,bhdk->bhqk", query, key) / jnp.sqrt(self.d_k).astype(query.dtype)
     weights = masked_softmax(logits, mask)
-    attended = jnp.einsum("bhqk,bhkd->bqhd", weights.astype(value.dtype), value)
+    attended = self._matmul("bhqk,bhkd->bqhd", weights, value)
     return attended.reshape(rows, q_len, self.num_heads, self.d_v)
 
   def _update_self_attention_cache(

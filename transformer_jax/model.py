@@ -11,6 +11,7 @@ maps them onto mesh axes with one rule table.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -24,6 +25,7 @@ from transformer_jax.attention import (
     padding_mask,
     segment_mask,
 )
+from transformer_jax import precision
 from transformer_jax.dropout import Dropout
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.positions import PositionalEncoding
@@ -53,6 +55,37 @@ def shift_right(target_tokens: Array, target_positions: Array | None = None) -> 
 def default_positions(tokens: Array) -> Array:
   """int[batch, length]: 0, 1, 2, ... for unpacked rows."""
   return jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
+
+
+def _dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
+           use_bias: bool = True) -> nn.Dense:
+  """A Glorot-initialised Dense whose matmul follows `config.matmul_dtype`."""
+  return nn.Dense(
+      features,
+      dtype=config.compute_dtype,
+      use_bias=use_bias,
+      dot_general=functools.partial(
+          precision.dot_general,
+          operand_dtype=config.matmul_operand_dtype,
+          result_dtype=config.compute_dtype,
+      ),
+      kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+      name=name,
+  )
+
+
+def attend(embedding: nn.Embed, x: Array, config: ModelConfig) -> Array:
+  """Logits [batch, length, vocab] = x · Eᵀ, the shared pre-softmax weights (§3.4)."""
+  table = jnp.asarray(embedding.embedding, config.compute_dtype)
+  logits = precision.einsum(  # As a 2-D product: see precision._low_precision_product.
+      "md,vd->mv",
+      x.reshape(-1, x.shape[-1]),
+      table,
+      config.matmul_operand_dtype,
+      config.compute_dtype,
+  )
+  return logits.reshape(*x.shape[:-1], table.shape[0])
 
 
 def _embedding(num_embeddings: int, config: ModelConfig, name: str) -> nn.Embed:
@@ -94,27 +127,11 @@ class FeedForward(nn.Module):
   def __call__(self, inputs: Array, train: bool) -> Array:
     """[batch, length, d_model] -> [batch, length, d_model]."""
     config = self.config
-    hidden = nn.Dense(
-        config.d_ff,
-        dtype=config.compute_dtype,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("embed", "mlp")
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
-        name="wi",
-    )(inputs)
+    hidden = _dense(config, config.d_ff, ("embed", "mlp"), "wi")(inputs)
     hidden = nn.relu(hidden)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     hidden = Dropout(config.relu_dropout_rate)(hidden, deterministic=not train)
-    return nn.Dense(
-        config.d_model,
-        dtype=config.compute_dtype,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("mlp", "embed")
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-        name="wo",
-    )(hidden)
+    return _dense(config, config.d_model, ("mlp", "embed"), "wo")(hidden)
 
 
 class SublayerConnection(nn.Module):
@@ -157,6 +174,7 @@ def _attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       dropout_rate=config.attention_dropout_rate,
       implementation=config.attention_impl,
       dtype=config.compute_dtype,
+      matmul_dtype=config.matmul_operand_dtype,
       name=name,
   )
 
@@ -322,7 +340,7 @@ class Transformer(nn.Module):
 
   def _logits(self, x: Array) -> Array:
     if self.config.tie_output:
-      logits = self.target_embedding.attend(x)  # §3.4: shared pre-softmax weights.
+      logits = attend(self.target_embedding, x, self.config)
     else:
       logits = self.output_projection(x)
     logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
@@ -356,15 +374,7 @@ class Transformer(nn.Module):
 
 
 def _output_dense(config: ModelConfig) -> nn.Dense:
-  return nn.Dense(
-      config.vocab_size,
-      dtype=config.compute_dtype,
-      use_bias=False,
-      kernel_init=nn.with_logical_partitioning(
-          nn.initializers.xavier_uniform(), ("embed", "vocab")
-      ),
-      name="output_projection",
-  )
+  return _dense(config, config.vocab_size, ("embed", "vocab"), "output_projection", use_bias=False)
 
 
 class DecoderOnly(nn.Module):
@@ -397,7 +407,7 @@ class DecoderOnly(nn.Module):
       )
     if config.norm == "pre":
       x = _layer_norm(config, "decoder_norm")(x)
-    logits = embedding.attend(x) if config.tie_output else _output_dense(config)(x)
+    logits = attend(embedding, x, config) if config.tie_output else _output_dense(config)(x)
     return logits.astype(jnp.float32)
 
 
@@ -430,14 +440,7 @@ class EncoderOnly(nn.Module):
     if config.norm == "pre":
       x = _layer_norm(config, "encoder_norm")(x)
     # The head: a transform, then the tied (or separate) vocabulary projection.
-    x = nn.Dense(
-        config.d_model,
-        dtype=config.compute_dtype,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ("embed", "mlp")
-        ),
-        name="head_transform",
-    )(x)
+    x = _dense(config, config.d_model, ("embed", "mlp"), "head_transform")(x)
     x = _layer_norm(config, "head_norm")(nn.gelu(x))
-    logits = embedding.attend(x) if config.tie_output else _output_dense(config)(x)
+    logits = attend(embedding, x, config) if config.tie_output else _output_dense(config)(x)
     return logits.astype(jnp.float32)

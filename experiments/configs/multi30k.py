@@ -41,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
       # Small data overfits fast: more dropout than the paper's 0.1.
       dropout_rate=0.15, attention_dropout_rate=0.1, relu_dropout_rate=0.1,
       max_len=128,
+      # bf16 matmul operands, float32 everywhere else (transformer_jax/precision.py):
+      # 1.2x the steps per minute of float32 on a CPU with AMX.
+      matmul_dtype="bfloat16",
   ))
   config.data.update(dict(
       dataset="multi30k", variant="tok", source_lang="en", target_lang="de",
@@ -50,7 +53,7 @@ def get_config() -> ml_collections.ConfigDict:
       pack=True,
       bucket_boundaries=(16, 24, 32, 48, 64),  # Eval batches: few shapes, few compiles.
   ))
-  config.num_train_steps = 1_700
+  config.num_train_steps = 2_800
   config.label_smoothing = 0.1
   # The paper's warm-up of 4000 steps is longer than this whole run.
   config.schedule = "linear_rsqrt"

@@ -1,0 +1,169 @@
+"""Matmuls with low-precision operands and float32 accumulation.
+
+`config.model.matmul_dtype="bfloat16"` with `dtype="float32"` rounds the two
+operands of every matmul to bfloat16, accumulates in float32 and returns
+float32, forward and backward; LayerNorm, softmax, residuals and the optimizer
+stay in float32. This is what a TPU's matrix unit does, and on a CPU with AMX
+(Sapphire Rapids and later) it is the only bfloat16 form XLA runs fast: a
+2048² matmul ran at 1,537 GFLOP/s with bfloat16 operands and a float32 result,
+288 with a bfloat16 result and 353 in float32 (benchmarks/NOTES.md, session 4).
+
+JAX's own transpose of a bfloat16 x bfloat16 -> float32 dot multiplies the
+float32 cotangent by a float32 copy of the other operand: the backward pass
+would run at the float32 rate. `einsum` therefore has a custom VJP whose two
+gradient matmuls take bfloat16 operands (the cotangent rounded like the
+forward operands) and accumulate in float32 too.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def einsum(subscripts: str, lhs: Array, rhs: Array, operand_dtype: Any, result_dtype: Any) -> Array:
+  """`jnp.einsum(subscripts, lhs, rhs)` with operands in `operand_dtype`.
+
+  Args:
+    subscripts: explicit two-operand subscripts, "ab,bc->ac"; every index of
+      an operand must appear in the other operand or in the output.
+    lhs, rhs: the operands, any float dtype.
+    operand_dtype: dtype both operands are rounded to.
+    result_dtype: dtype of the result.
+
+  Returns:
+    The product in `result_dtype`. When `operand_dtype` equals
+    `result_dtype` this is the plain einsum (the product's dtype is the
+    operands'); otherwise the product is accumulated in float32.
+  """
+  operand_dtype, result_dtype = jnp.dtype(operand_dtype), jnp.dtype(result_dtype)
+  _check_subscripts(subscripts)
+  if operand_dtype == result_dtype:
+    return jnp.einsum(subscripts, lhs.astype(operand_dtype), rhs.astype(operand_dtype))
+  return _mixed_einsum(subscripts, operand_dtype, lhs, rhs).astype(result_dtype)
+
+
+def dot_general(
+    lhs: Array,
+    rhs: Array,
+    dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    *,
+    operand_dtype: Any,
+    result_dtype: Any,
+) -> Array:
+  """A `dot_general` for `nn.Dense(dot_general=partial(dot_general, ...))`.
+
+  Takes the one contraction nn.Dense uses (last axis of `lhs` with the first
+  of `rhs`, no batch axes) and runs it through `einsum`.
+  """
+  del precision, preferred_element_type  # The dtypes above decide both.
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+  if (tuple(lhs_contract), tuple(rhs_contract)) != ((lhs.ndim - 1,), (0,)) or lhs_batch or rhs_batch:
+    raise ValueError(f"dot_general supports nn.Dense's contraction only, got {dimension_numbers}")
+  leading = lhs.shape[:-1]
+  flat = lhs.reshape(-1, lhs.shape[-1])
+  product = einsum("md,dn->mn", flat, rhs.reshape(rhs.shape[0], -1), operand_dtype, result_dtype)
+  return product.reshape(*leading, *rhs.shape[1:])
+
+
+def _check_subscripts(subscripts: str) -> tuple[str, str, str]:
+  """(lhs, rhs, output) of "A,B->C"; each operand index must also be elsewhere."""
+  inputs, output = subscripts.replace(" ", "").split("->")
+  lhs, rhs = inputs.split(",")
+  for name, operand, other in (("lhs", lhs, rhs), ("rhs", rhs, lhs)):
+    missing = set(operand) - set(other) - set(output)
+    if missing or len(set(operand)) != len(operand) or "." in operand:
+      raise ValueError(
+          f"einsum {subscripts!r}: the {name} indices must be distinct letters, each "
+          "also in the other operand or the output"
+      )
+  return lhs, rhs, output
+
+
+def _physically_transposed(matrix: Array) -> Array:
+  """matrix[m, d] -> [d, m] as a real copy.
+
+  XLA folds a plain 2-D transpose into the dot's dimension numbers, and
+  XLA:CPU then runs the dot (contracting both operands' first axes) through a
+  float32 fallback; a transpose of a 3-D view is not folded, and the dot
+  runs at the bfloat16 rate (1,045 against 283 GFLOP/s for [2048, 512]ᵀ ·
+  [2048, 1024] here).
+  """
+  rows, cols = matrix.shape
+  if rows % 8:
+    return matrix.T
+  return jnp.transpose(matrix.reshape(rows // 8, 8, cols), (2, 0, 1)).reshape(cols, rows)
+
+
+def _low_precision_product(
+    first: tuple[str, Array], second: tuple[str, Array], output: str
+) -> Array:
+  """einsum of two low-precision operands into float32 `output` indices.
+
+  Lays out the operands the way XLA:CPU's fast (YNNPACK) dot takes them:
+  - batched products (shared indices, as in attention) put first the operand
+    whose shared indices lead; the other order hit an unsupported dot there.
+  - matrix products contracting both operands' first axes (weight gradients,
+    Xᵀ·G) physically transpose the operand that supplies the output's rows.
+  """
+  (first_subscripts, first_operand), (second_subscripts, second_operand) = first, second
+  shared = set(first_subscripts) & set(second_subscripts) & set(output)
+  if shared:
+    leading = lambda subscripts: set(subscripts[: len(shared)]) == shared
+    if leading(second_subscripts) and not leading(first_subscripts):
+      first, second = second, first
+  elif len(first_subscripts) == len(second_subscripts) == 2:
+    contracted = (set(first_subscripts) & set(second_subscripts)) - set(output)
+    if {first_subscripts[0], second_subscripts[0]} == contracted:
+      # Output rows come from `rows_from`; its contracted axis goes last.
+      rows_from, other = (first, second) if output[0] in first_subscripts else (second, first)
+      rows_subscripts, rows_operand = rows_from
+      first = (rows_subscripts[::-1], _physically_transposed(rows_operand))
+      second = other
+  (first_subscripts, first_operand), (second_subscripts, second_operand) = first, second
+  return jnp.einsum(
+      f"{first_subscripts},{second_subscripts}->{output}",
+      first_operand,
+      second_operand,
+      preferred_element_type=jnp.float32,
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _mixed_einsum(subscripts: str, operand_dtype: Any, lhs: Array, rhs: Array) -> Array:
+  return jnp.einsum(
+      subscripts,
+      lhs.astype(operand_dtype),
+      rhs.astype(operand_dtype),
+      preferred_element_type=jnp.float32,
+  )
+
+
+def _mixed_einsum_forward(
+    subscripts: str, operand_dtype: Any, lhs: Array, rhs: Array
+) -> tuple[Array, tuple[Array, Array, Array, Array]]:
+  lhs_low, rhs_low = lhs.astype(operand_dtype), rhs.astype(operand_dtype)
+  product = jnp.einsum(subscripts, lhs_low, rhs_low, preferred_element_type=jnp.float32)
+  # Empty arrays carry the operands' dtypes (residuals must be arrays).
+  return product, (lhs_low, rhs_low, jnp.zeros((0,), lhs.dtype), jnp.zeros((0,), rhs.dtype))
+
+
+def _mixed_einsum_backward(
+    subscripts: str, operand_dtype: Any, residuals: tuple, cotangent: Array
+) -> tuple[Array, Array]:
+  lhs_low, rhs_low, lhs_like, rhs_like = residuals
+  lhs, rhs, output = _check_subscripts(subscripts)
+  cotangent_low = cotangent.astype(operand_dtype)
+  d_lhs = _low_precision_product((output, cotangent_low), (rhs, rhs_low), lhs)
+  d_rhs = _low_precision_product((lhs, lhs_low), (output, cotangent_low), rhs)
+  return d_lhs.astype(lhs_like.dtype), d_rhs.astype(rhs_like.dtype)
+
+
+_mixed_einsum.defvjp(_mixed_einsum_forward, _mixed_einsum_backward)
