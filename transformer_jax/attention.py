@@ -167,8 +167,10 @@ class MultiHeadAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   matmul_dtype: Any = None
 
-  def _matmul(self, subscripts: str, lhs: Array, rhs: Array) -> Array:
-    return precision.einsum(subscripts, lhs, rhs, self.matmul_dtype or self.dtype, self.dtype)
+  def _matmul(self, subscripts: str, lhs: Array, rhs: Array, bf16_gradients: bool = True) -> Array:
+    return precision.einsum(
+        subscripts, lhs, rhs, self.matmul_dtype or self.dtype, self.dtype, bf16_gradients
+    )
 
   def _kernel(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], fan_in: tuple) -> Array:
     """A float32 projection matrix, Glorot-uniform over its (in, out) axes."""
@@ -296,9 +298,12 @@ class MultiHeadAttention(nn.Module):
     query = query.reshape(key.shape[0], group * q_len, self.num_heads, self.d_k)
     if mask is not None and mask.shape[0] not in (1, key.shape[0]):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
-    logits = self._matmul("bqhd,bhdk->bhqk", query, key) / jnp.sqrt(self.d_k).astype(query.dtype)
+    # Decoding is inference: these two products keep JAX's own gradients.
+    logits = self._matmul("bqhd,bhdk->bhqk", query, key, False) / jnp.sqrt(self.d_k).astype(
+        query.dtype
+    )
     weights = masked_softmax(logits, mask)
-    attended = self._matmul("bhqk,bhkd->bqhd", weights, value)
+    attended = self._matmul("bhqk,bhkd->bqhd", weights, value, False)
     return attended.reshape(rows, q_len, self.num_heads, self.d_v)
 
   def _update_self_attention_cache(

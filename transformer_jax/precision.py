@@ -26,7 +26,14 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def einsum(subscripts: str, lhs: Array, rhs: Array, operand_dtype: Any, result_dtype: Any) -> Array:
+def einsum(
+    subscripts: str,
+    lhs: Array,
+    rhs: Array,
+    operand_dtype: Any,
+    result_dtype: Any,
+    bf16_gradients: bool = True,
+) -> Array:
   """`jnp.einsum(subscripts, lhs, rhs)` with operands in `operand_dtype`.
 
   Args:
@@ -35,6 +42,11 @@ def einsum(subscripts: str, lhs: Array, rhs: Array, operand_dtype: Any, result_d
     lhs, rhs: the operands, any float dtype.
     operand_dtype: dtype both operands are rounded to.
     result_dtype: dtype of the result.
+    bf16_gradients: the custom VJP (gradient matmuls with low-precision
+      operands). False keeps JAX's own transpose (float32 gradient matmuls),
+      for products trained through rarely: XLA:CPU has no kernel for some
+      layouts of their gradients (the decoding cache's weights · V, whose
+      value gradient contracts the query axis into [b, h, k, d]).
 
   Returns:
     The product in `result_dtype`. When `operand_dtype` equals
@@ -45,6 +57,13 @@ def einsum(subscripts: str, lhs: Array, rhs: Array, operand_dtype: Any, result_d
   _check_subscripts(subscripts)
   if operand_dtype == result_dtype:
     return jnp.einsum(subscripts, lhs.astype(operand_dtype), rhs.astype(operand_dtype))
+  if not bf16_gradients:
+    return jnp.einsum(
+        subscripts,
+        lhs.astype(operand_dtype),
+        rhs.astype(operand_dtype),
+        preferred_element_type=jnp.float32,
+    ).astype(result_dtype)
   return _mixed_einsum(subscripts, operand_dtype, lhs, rhs).astype(result_dtype)
 
 
@@ -75,7 +94,10 @@ def dot_general(
 
 def _check_subscripts(subscripts: str) -> tuple[str, str, str]:
   """(lhs, rhs, output) of "A,B->C"; each operand index must also be elsewhere."""
-  inputs, output = subscripts.replace(" ", "").split("->")
+  compact = subscripts.replace(" ", "")
+  if compact.count("->") != 1 or compact.split("->")[0].count(",") != 1:
+    raise ValueError(f"einsum {subscripts!r}: give two operands and the output, as 'md,dn->mn'")
+  inputs, output = compact.split("->")
   lhs, rhs = inputs.split(",")
   for name, operand, other in (("lhs", lhs, rhs), ("rhs", rhs, lhs)):
     missing = set(operand) - set(other) - set(output)

@@ -1,0 +1,173 @@
+"""Mixed precision: bfloat16 matmul operands, float32 accumulation (precision.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import decode, precision
+from transformer_jax.errors import UserError
+from transformer_jax.model import Transformer, shift_right
+from transformer_jax.special_tokens import EOS_ID
+
+# Every product training runs, in the shapes it runs them (see model.py, attention.py).
+PRODUCTS = [
+    ("md,dn->mn", (48, 16), (16, 24)),  # Dense, Q/K/V and output projections.
+    ("md,vd->mv", (48, 16), (40, 16)),  # Tied pre-softmax projection.
+    ("bqhd,bkhd->bhqk", (2, 8, 4, 16), (2, 8, 4, 16)),  # QKᵀ.
+    ("bhqk,bkhd->bqhd", (2, 4, 8, 8), (2, 8, 4, 16)),  # weights · V.
+]
+# Decoding's products against the cache (gradients: JAX's own, float32).
+CACHE_PRODUCTS = [
+    ("bqhd,bhdk->bhqk", (2, 8, 4, 16), (2, 4, 16, 8)),
+    ("bhqk,bhkd->bqhd", (2, 4, 8, 8), (2, 4, 8, 16)),
+]
+
+
+def _operands(lhs_shape, rhs_shape, seed=0):
+  lhs_key, rhs_key, weight_key = jax.random.split(jax.random.key(seed), 3)
+  return jax.random.normal(lhs_key, lhs_shape), jax.random.normal(rhs_key, rhs_shape), weight_key
+
+
+def _rounded(x):
+  return x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("subscripts,lhs_shape,rhs_shape", PRODUCTS)
+def test_mixed_product_and_gradients_are_float32_arithmetic_on_rounded_operands(
+    subscripts, lhs_shape, rhs_shape
+):
+  """Forward: round the operands, multiply in float32. Backward: the same for
+  d lhs = g · rhs and d rhs = lhs · g, with the cotangent g rounded too."""
+  lhs, rhs, weight_key = _operands(lhs_shape, rhs_shape)
+  product = precision.einsum(subscripts, lhs, rhs, jnp.bfloat16, jnp.float32)
+  assert product.dtype == jnp.float32
+  expected = jnp.einsum(subscripts, _rounded(lhs), _rounded(rhs), precision="highest")
+  np.testing.assert_allclose(product, expected, rtol=1e-5, atol=1e-5)
+
+  cotangent = jax.random.normal(weight_key, product.shape)
+  _, vjp = jax.vjp(lambda a, b: precision.einsum(subscripts, a, b, jnp.bfloat16, jnp.float32), lhs, rhs)
+  d_lhs, d_rhs = vjp(cotangent)
+  _, reference_vjp = jax.vjp(
+      lambda a, b: jnp.einsum(subscripts, a, b, precision="highest"), _rounded(lhs), _rounded(rhs)
+  )
+  expected_lhs, expected_rhs = reference_vjp(_rounded(cotangent))
+  assert d_lhs.dtype == d_rhs.dtype == jnp.float32
+  np.testing.assert_allclose(d_lhs, expected_lhs, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(d_rhs, expected_rhs, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("subscripts,lhs_shape,rhs_shape", PRODUCTS)
+def test_gradient_matmuls_take_bfloat16_operands(subscripts, lhs_shape, rhs_shape):
+  """JAX's own transpose would multiply float32 copies: the backward pass at the float32 rate."""
+  lhs, rhs, _ = _operands(lhs_shape, rhs_shape)
+  loss = lambda a, b: jnp.sum(precision.einsum(subscripts, a, b, jnp.bfloat16, jnp.float32) ** 2)
+  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(lhs, rhs)
+
+  def dots(jaxpr):
+    for equation in jaxpr.eqns:
+      if equation.primitive.name == "dot_general":
+        yield equation
+      for value in equation.params.values():
+        inner = getattr(value, "jaxpr", value)
+        if hasattr(inner, "eqns"):
+          yield from dots(inner)
+
+  found = list(dots(jaxpr.jaxpr))
+  assert len(found) == 3  # The forward product and the two gradients.
+  for equation in found:
+    assert [v.aval.dtype for v in equation.invars] == [jnp.bfloat16, jnp.bfloat16], equation
+
+
+@pytest.mark.parametrize("subscripts,lhs_shape,rhs_shape", CACHE_PRODUCTS)
+def test_products_without_bf16_gradients_round_operands_and_still_differentiate(
+    subscripts, lhs_shape, rhs_shape
+):
+  lhs, rhs, _ = _operands(lhs_shape, rhs_shape)
+  product = lambda a, b: precision.einsum(subscripts, a, b, jnp.bfloat16, jnp.float32, False)
+  expected = jnp.einsum(subscripts, _rounded(lhs), _rounded(rhs), precision="highest")
+  np.testing.assert_allclose(product(lhs, rhs), expected, rtol=1e-5, atol=1e-5)
+  d_lhs, d_rhs = jax.jit(jax.grad(lambda a, b: product(a, b).sum(), argnums=(0, 1)))(lhs, rhs)
+  _, reference_vjp = jax.vjp(
+      lambda a, b: jnp.einsum(subscripts, a, b, precision="highest"), _rounded(lhs), _rounded(rhs)
+  )
+  expected_lhs, expected_rhs = reference_vjp(jnp.ones_like(expected))
+  # JAX's transpose returns the operand gradients in bfloat16: 2⁻⁸ relative.
+  np.testing.assert_allclose(d_lhs, expected_lhs, rtol=2**-8, atol=1e-3)
+  np.testing.assert_allclose(d_rhs, expected_rhs, rtol=2**-8, atol=1e-3)
+
+
+def test_same_operand_and_result_dtype_is_the_plain_einsum():
+  lhs, rhs, _ = _operands((8, 4), (4, 6))
+  np.testing.assert_array_equal(
+      precision.einsum("md,dn->mn", lhs, rhs, jnp.float32, jnp.float32), lhs @ rhs
+  )
+
+
+@pytest.mark.parametrize("subscripts", ["md,dn", "mm,mn->mn", "...d,dn->...n", "md,kn->mn"])
+def test_unsupported_subscripts_are_named(subscripts):
+  lhs, rhs, _ = _operands((4, 4), (4, 4))
+  with pytest.raises(ValueError, match="einsum|subscripts|->"):
+    precision.einsum(subscripts, lhs, rhs, jnp.bfloat16, jnp.float32)
+
+
+def _model(tiny_model_config, matmul_dtype):
+  config = tiny_model_config.copy_and_resolve_references()
+  config.matmul_dtype = matmul_dtype
+  return Transformer(config)
+
+
+SRC = jnp.array([[5, 6, 7, 8, 9, EOS_ID], [10, 11, 12, EOS_ID, 0, 0]])
+TARGETS = jnp.array([[20, 21, 22, 23, EOS_ID], [24, 25, 26, EOS_ID, 0]])
+
+
+def test_mixed_model_keeps_float32_parameters_and_tracks_the_float32_model(tiny_model_config):
+  full, mixed = _model(tiny_model_config, "float32"), _model(tiny_model_config, "bfloat16")
+  inputs = shift_right(TARGETS)
+  params = full.init(jax.random.key(0), SRC, inputs)["params"]
+  assert jax.tree.structure(params) == jax.tree.structure(
+      mixed.init(jax.random.key(0), SRC, inputs)["params"]
+  )
+
+  def loss(model, params):
+    logits = model.apply({"params": params}, SRC, inputs)
+    log_probs = jax.nn.log_softmax(logits)
+    picked = jnp.take_along_axis(log_probs, TARGETS[..., None], axis=-1)[..., 0]
+    return -jnp.sum(picked * (TARGETS != 0)), logits
+
+  (full_loss, full_logits), full_grads = jax.value_and_grad(loss, argnums=1, has_aux=True)(full, params)
+  (mixed_loss, mixed_logits), mixed_grads = jax.value_and_grad(loss, argnums=1, has_aux=True)(
+      mixed, params
+  )
+  assert mixed_logits.dtype == jnp.float32
+  assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(mixed_grads))
+  assert not np.array_equal(mixed_logits, full_logits)  # The bf16 path is really taken.
+  np.testing.assert_allclose(mixed_logits, full_logits, atol=0.05)
+  np.testing.assert_allclose(mixed_loss, full_loss, rtol=1e-2)
+  flat_full, flat_mixed = (
+      jnp.concatenate([g.ravel() for g in jax.tree.leaves(t)]) for t in (full_grads, mixed_grads)
+  )
+  relative = jnp.linalg.norm(flat_mixed - flat_full) / jnp.linalg.norm(flat_full)
+  assert relative < 0.05, relative
+
+
+def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config):
+  model = _model(tiny_model_config, "bfloat16")
+  inputs = shift_right(TARGETS)
+  params = model.init(jax.random.key(0), SRC, inputs)["params"]
+  full = model.apply({"params": params}, SRC, inputs)
+  encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
+  cache = decode.init_cache(model, params, encoded, SRC, inputs.shape[1])
+  step_fn = decode.step_logits(model, params, SRC)
+  logits = []
+  for step in range(inputs.shape[1]):
+    step_logits, cache = step_fn(inputs[:, step : step + 1], cache, step)
+    logits.append(step_logits)
+  valid = np.asarray(TARGETS != 0)
+  np.testing.assert_allclose(np.asarray(jnp.stack(logits, axis=1))[valid], np.asarray(full)[valid],
+                             atol=1e-4, rtol=1e-4)
+
+
+def test_unknown_matmul_dtype_is_a_one_line_error(tiny_model_config):
+  with pytest.raises(UserError, match="config.model.matmul_dtype='float16'"):
+    _model(tiny_model_config, "float16").init(jax.random.key(0), SRC, SRC)
