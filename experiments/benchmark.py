@@ -81,6 +81,10 @@ flags.DEFINE_enum("compare_mode", "paired", ["paired", "separate"],
                   "JAX's (A B B A ...), so both see the same load on a shared host; separate: "
                   "a subprocess after the JAX run (its own peak memory, but another moment's load).")
 flags.DEFINE_integer("torch_threads", 2, "torch.set_num_threads for the comparison.")
+flags.DEFINE_enum("reference_dtype", "auto", ["auto", "float32", "bfloat16"],
+                  "The reference's precision. auto: bf16 autocast when JAX's matmuls are bf16, "
+                  "else float32 (like for like); float32 compares a mixed JAX run with the "
+                  "reference's default.")
 flags.DEFINE_bool("json", False, "Print one JSON object as the last line.")
 flags.DEFINE_string("label", "", "Free text stored with the run (e.g. 'bf16', 'rbg-prng').")
 flags.DEFINE_string("note", "", "A remark shown in benchmarks/README.md (e.g. what else was running).")
@@ -552,7 +556,9 @@ def run_reference(args: list[str]) -> Result:
 
 
 def _torch_dtype(model_config) -> str:
-  """bfloat16 (autocast: bf16 matmuls, float32 elsewhere) when JAX's matmuls are bf16."""
+  """--reference_dtype; auto: bfloat16 (autocast) when JAX's matmuls are bf16, else float32."""
+  if FLAGS.reference_dtype != "auto":
+    return FLAGS.reference_dtype
   return "bfloat16" if "bfloat16" in (model_config.dtype, model_config.matmul_dtype) else "float32"
 
 
@@ -561,6 +567,13 @@ def precision_label(model: Result) -> str:
   matmul = model.get("matmul_dtype", model["dtype"])
   short = {"bfloat16": "bf16", "float32": "f32"}.get(matmul, matmul)
   return model["dtype"] if matmul == model["dtype"] else f"{model['dtype']}, {short} matmuls"
+
+
+def reference_dtype(reference: Result | None) -> str:
+  """The reference's precision for the summary: "f32", "bf16 autocast" or ""."""
+  if not reference or "dtype" not in reference:
+    return ""
+  return {"float32": "f32", "bfloat16": "bf16 autocast"}.get(reference["dtype"], reference["dtype"])
 
 
 def model_args(model_config) -> list[str]:
@@ -725,8 +738,9 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
       "bash benchmarks/gpu_run.sh   # on a GPU: base and big in bf16, cuDNN attention, decoding",
       "```", "", "## Training step", "",
       "| date | device | config | label | dtype | batch × (src+tgt) | step ms | target tok/s | "
-      "MFU | compile s | peak MiB | torch tok/s | JAX/torch (median) | JAX/torch (best) | load | note |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      "MFU | compile s | peak MiB | torch tok/s | torch dtype | JAX/torch (median) | JAX/torch (best) "
+      "| load | note |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in (r for r in runs if r["mode"] == "train"):
     lines.append(
@@ -734,20 +748,23 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
         f"| {r['batch_size']} × ({r['src_len']}+{r['tgt_len']}) | {r['step_time_s'] * 1e3:.0f} "
         f"| {r['target_tokens_per_s']:,.0f} | {r['mfu'] * 100:.1f}% | {r['compile_s']:.1f} "
         f"| {mib(r['peak_memory_bytes'])} | {_format(r.get('torch_target_tokens_per_s', ''))} "
-        f"| {ratio(r.get('jax_over_torch'))} | {ratio(r.get('jax_over_torch_best'))} "
+        f"| {reference_dtype(r.get('torch'))} | {ratio(r.get('jax_over_torch'))} | {ratio(r.get('jax_over_torch_best'))} "
         f"| {load(r)} | {r.get('note', '')} |")
   lines += ["", "## Decoding (every sentence decodes exactly `decode_steps` tokens)", "",
-            "| date | device | config | label | batch × src → new | method | sentences/s | "
-            "tokens/s | Marian sentences/s | JAX/Marian (median) | JAX/Marian (best) | load | note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| date | device | config | label | dtype | batch × src → new | method | sentences/s | "
+            "tokens/s | Marian sentences/s | Marian dtype | JAX/Marian (median) | JAX/Marian (best) "
+            "| load | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in (r for r in runs if r["mode"] == "decode"):
     for method, m in r["methods"].items():
       marian = r.get("marian", {}).get("methods", {}).get(method, {})
       lines.append(
-          f"| {when(r)} | {kind(r)} | {r['config']} | {r.get('label', '')} | {r['batch_size']} × "
+          f"| {when(r)} | {kind(r)} | {r['config']} | {r.get('label', '')} "
+          f"| {precision_label(r['model'])} | {r['batch_size']} × "
           f"{r['src_len']} → {r['decode_steps']} | {method} {m['beam_size']} "
           f"| {m['sentences_per_s']:.2f} | {m['tokens_per_s']:,.0f} "
-          f"| {_format(marian.get('sentences_per_s', ''))} | {ratio(m.get('jax_over_marian'))} "
+          f"| {_format(marian.get('sentences_per_s', ''))} | {reference_dtype(r.get('marian'))} "
+          f"| {ratio(m.get('jax_over_marian'))} "
           f"| {ratio(m.get('jax_over_marian_best'))} | {load(r)} | {r.get('note', '')} |")
   lines += ["", "## Attention against sequence length (forward / forward+backward)", "",
             "| date | device | impl | dtype | length | batch | fwd ms | fwd+bwd ms | "

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from transformer_jax import decode, precision
 from transformer_jax.errors import UserError
@@ -158,6 +159,11 @@ def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config):
   full = model.apply({"params": params}, SRC, inputs)
   encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
   cache = decode.init_cache(model, params, encoded, SRC, inputs.shape[1])
+  # Keys and values are stored as the matmuls read them: half the bytes of float32.
+  cached = {path[-1]: leaf.dtype for path, leaf in traverse_util.flatten_dict(cache).items()
+            if path[-1] != "cache_index"}
+  assert set(cached) == {"cached_key", "cached_value", "cross_key", "cross_value"}
+  assert set(cached.values()) == {jnp.dtype(jnp.bfloat16)}, cached
   step_fn = decode.step_logits(model, params, SRC)
   logits = []
   for step in range(inputs.shape[1]):

@@ -277,7 +277,15 @@ class MultiHeadAttention(nn.Module):
     no step re-lays-out a cache (a third of beam search's time otherwise).
     """
     key_value = (("key", self.d_k), ("value", self.d_v))
-    to_cache_layout = lambda key, value: (key.transpose(0, 2, 3, 1), value.transpose(0, 2, 1, 3))
+    # Cached keys and values only ever feed the two matmuls, so they are kept
+    # in the matmuls' operand dtype: the same numbers as rounding them at each
+    # use, without converting the whole cache every step (bf16 halves its bytes).
+    operand_dtype = self.matmul_dtype or self.dtype
+
+    def to_cache_layout(key: Array, value: Array) -> tuple[Array, Array]:
+      return (key.transpose(0, 2, 3, 1).astype(operand_dtype),
+              value.transpose(0, 2, 1, 3).astype(operand_dtype))
+
     if cross_attention:
       if not self.has_variable("cache", "cross_key"):  # Once per sentence, with the cache.
         key, value = to_cache_layout(*self._project(inputs_kv, key_value))
