@@ -562,10 +562,13 @@ def _torch_dtype(model_config) -> str:
   return "bfloat16" if "bfloat16" in (model_config.dtype, model_config.matmul_dtype) else "float32"
 
 
+_SHORT_DTYPES = {"bfloat16": "bf16", "float32": "f32"}
+
+
 def precision_label(model: Result) -> str:
   """"float32", "bfloat16", or "float32, bf16 matmuls" for a result's model summary."""
   matmul = model.get("matmul_dtype", model["dtype"])
-  short = {"bfloat16": "bf16", "float32": "f32"}.get(matmul, matmul)
+  short = _SHORT_DTYPES.get(matmul, matmul)
   return model["dtype"] if matmul == model["dtype"] else f"{model['dtype']}, {short} matmuls"
 
 
@@ -573,7 +576,8 @@ def reference_dtype(reference: Result | None) -> str:
   """The reference's precision for the summary: "f32", "bf16 autocast" or ""."""
   if not reference or "dtype" not in reference:
     return ""
-  return {"float32": "f32", "bfloat16": "bf16 autocast"}.get(reference["dtype"], reference["dtype"])
+  dtype = reference["dtype"]
+  return _SHORT_DTYPES.get(dtype, dtype) + (" autocast" if dtype == "bfloat16" else "")
 
 
 def model_args(model_config) -> list[str]:
@@ -748,7 +752,8 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
         f"| {r['batch_size']} × ({r['src_len']}+{r['tgt_len']}) | {r['step_time_s'] * 1e3:.0f} "
         f"| {r['target_tokens_per_s']:,.0f} | {r['mfu'] * 100:.1f}% | {r['compile_s']:.1f} "
         f"| {mib(r['peak_memory_bytes'])} | {_format(r.get('torch_target_tokens_per_s', ''))} "
-        f"| {reference_dtype(r.get('torch'))} | {ratio(r.get('jax_over_torch'))} | {ratio(r.get('jax_over_torch_best'))} "
+        f"| {reference_dtype(r.get('torch'))} | {ratio(r.get('jax_over_torch'))} "
+        f"| {ratio(r.get('jax_over_torch_best'))} "
         f"| {load(r)} | {r.get('note', '')} |")
   lines += ["", "## Decoding (every sentence decodes exactly `decode_steps` tokens)", "",
             "| date | device | config | label | dtype | batch × src → new | method | sentences/s | "

@@ -167,10 +167,13 @@ class MultiHeadAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   matmul_dtype: Any = None
 
+  @property
+  def _operand_dtype(self) -> Any:
+    """The dtype every matmul rounds its operands to."""
+    return self.matmul_dtype or self.dtype
+
   def _matmul(self, subscripts: str, lhs: Array, rhs: Array, bf16_gradients: bool = True) -> Array:
-    return precision.einsum(
-        subscripts, lhs, rhs, self.matmul_dtype or self.dtype, self.dtype, bf16_gradients
-    )
+    return precision.einsum(subscripts, lhs, rhs, self._operand_dtype, self.dtype, bf16_gradients)
 
   def _kernel(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], fan_in: tuple) -> Array:
     """A float32 projection matrix, Glorot-uniform over its (in, out) axes."""
@@ -280,11 +283,9 @@ class MultiHeadAttention(nn.Module):
     # Cached keys and values only ever feed the two matmuls, so they are kept
     # in the matmuls' operand dtype: the same numbers as rounding them at each
     # use, without converting the whole cache every step (bf16 halves its bytes).
-    operand_dtype = self.matmul_dtype or self.dtype
-
     def to_cache_layout(key: Array, value: Array) -> tuple[Array, Array]:
-      return (key.transpose(0, 2, 3, 1).astype(operand_dtype),
-              value.transpose(0, 2, 1, 3).astype(operand_dtype))
+      return (key.transpose(0, 2, 3, 1).astype(self._operand_dtype),
+              value.transpose(0, 2, 1, 3).astype(self._operand_dtype))
 
     if cross_attention:
       if not self.has_variable("cache", "cross_key"):  # Once per sentence, with the cache.
