@@ -6,13 +6,17 @@
 For the latest checkpoint and for the average of the last N ones, for each N
 in `--average` (e.g. `--average=5,10`), it decodes the dev split (§6.1 beam
 search), picks the best by dev BLEU (the test split is never used to choose),
-then decodes the test split with that one. Writes `<out>/result.json` (every
+then decodes the test split with that one. With `--alphas` and/or
+`--beam_sizes` (e.g. `--alphas=0.6,1.0 --beam_sizes=4,8`) it then also decodes
+dev with the chosen checkpoint under each other (beam size, α) pair and takes
+the best pair for test: the beam settings are tuned on dev too. Writes `<out>/result.json` (every
 score, the choice, the training time, the config), `<out>/curves.png` (train
 and dev NLL against step) and a copy of the run's `metrics.jsonl`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -35,10 +39,15 @@ def define_flags() -> None:
   flags.DEFINE_string("dev_split", None, "Split to choose on; default: the dataset's dev split.")
   flags.DEFINE_string("test_split", None, "Split to report; default: config.final_eval_split.")
   flags.DEFINE_string("metric", "auto", "Score to choose by: tok_bleu on multi30k, else paper_bleu.")
+  flags.DEFINE_list("alphas", [], "Length penalties to try on dev with the chosen checkpoint; "
+                    "default: the config's only.")
+  flags.DEFINE_list("beam_sizes", [], "Beam sizes to try on dev with the chosen checkpoint; "
+                    "default: the config's only.")
 
 
 def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str | None,
-           test_split: str | None, metric: str = "auto") -> dict:
+           test_split: str | None, metric: str = "auto", alphas: Sequence[float] = (),
+           beam_sizes: Sequence[int] = ()) -> dict:
   """Scores the run (see the module docstring) and writes the report files; returns the result."""
   from ablations import plot_curves, read_metrics  # experiments/ablations.py
 
@@ -73,24 +82,36 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
       on_disk["average"] = name
     return "averaged"
 
-  def score(name: str, split: str) -> dict:
+  def score(name: str, split: str, options: DecodeOptions = options) -> dict:
     run = load_run(workdir, checkpoint_for(name))
     sources, references = data.texts(split)
     scores, _ = evaluate_texts(run, sources, references, options)
-    scores.update(checkpoint=name, step=run.step, split=split, steps=averaged_steps[name])
-    print(f"{name} on {split}: {metric} {scores[metric]:.2f}, sacreBLEU "
-          f"{scores['sacrebleu']:.2f}", flush=True)
+    scores.update(checkpoint=name, step=run.step, split=split, steps=averaged_steps[name],
+                  beam_size=options.beam_size, alpha=options.alpha)
+    print(f"{name} on {split} (beam {options.beam_size}, alpha {options.alpha:g}): {metric} "
+          f"{scores[metric]:.2f}, sacreBLEU {scores['sacrebleu']:.2f}", flush=True)
     return scores
 
   candidates = ["latest"] + [f"average_{count}" for count in sorted(set(counts)) if count > 1]
   dev = {name: score(name, dev_split) for name in candidates}
   chosen = max(candidates, key=lambda name: dev[name][metric])
-  test = score(chosen, test_split)
+  # Then the beam settings, on dev, for the chosen checkpoint (the config's pair is scored).
+  searched = {(options.beam_size, options.alpha): dev[chosen]}
+  for beam_size in beam_sizes or [options.beam_size]:
+    for alpha in alphas or [options.alpha]:
+      if (beam_size, alpha) not in searched:
+        searched[beam_size, alpha] = score(
+            chosen, dev_split, dataclasses.replace(options, beam_size=beam_size, alpha=alpha))
+  best_pair = max(searched, key=lambda pair: searched[pair][metric])
+  options = dataclasses.replace(options, beam_size=best_pair[0], alpha=best_pair[1])
+  test = score(chosen, test_split, options)
   metrics = read_metrics(Path(workdir))
   train_rows = [r for r in metrics if r["split"] == "train"]
   result = dict(
       chosen_checkpoint=chosen, chosen_by=f"{metric} on {dev_split}", metric=metric,
-      test=test, dev=dev, averaged_steps=averaged_steps[chosen],
+      test=test, dev=dev,
+      dev_decode_search=[searched[pair] for pair in searched] if len(searched) > 1 else None,
+      averaged_steps=averaged_steps[chosen],
       train_steps=train_rows[-1]["step"] if train_rows else None,
       train_seconds=train_rows[-1].get("elapsed_s") if train_rows else None,
       decode=dict(beam_size=options.beam_size, alpha=options.alpha,
@@ -118,7 +139,15 @@ def main(argv: list[str]) -> None:
       counts = [int(count) for count in FLAGS.average]
     except ValueError:
       raise UserError(f"--average={','.join(FLAGS.average)} must be whole numbers, e.g. 5,10") from None
-    report(FLAGS.workdir, FLAGS.out, counts, FLAGS.dev_split, FLAGS.test_split, FLAGS.metric)
+    try:
+      alphas = [float(alpha) for alpha in FLAGS.alphas]
+      beam_sizes = [int(size) for size in FLAGS.beam_sizes]
+    except ValueError:
+      raise UserError(f"--alphas={','.join(FLAGS.alphas)} must be numbers and --beam_sizes="
+                      f"{','.join(FLAGS.beam_sizes)} whole numbers, e.g. --alphas=0.6,1.0 "
+                      "--beam_sizes=4,8") from None
+    report(FLAGS.workdir, FLAGS.out, counts, FLAGS.dev_split, FLAGS.test_split, FLAGS.metric,
+           alphas, beam_sizes)
 
   exit_on_user_error(run)()
 

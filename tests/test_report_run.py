@@ -38,9 +38,33 @@ def test_report_chooses_on_dev_and_scores_test_once(report_run, tmp_path, capsys
   assert result["averaged_steps"] == dev[best]["steps"]
   # Test was decoded once, for the chosen candidate only.
   printed = capsys.readouterr().out
-  assert sum(" on test:" in line for line in printed.splitlines()) == 1, printed
+  assert sum(" on test " in line for line in printed.splitlines()) == 1, printed
   assert json.loads((out / "result.json").read_text())["chosen_checkpoint"] == best
   assert (out / "curves.png").stat().st_size > 5000 and (out / "metrics.jsonl").exists()
+
+
+def test_report_tunes_beam_settings_on_dev_only(report_run, tmp_path, capsys):
+  from transformer_jax.train import train_and_evaluate
+
+  config = tiny_base()
+  config.checkpoint_every_steps = 3
+  config.final_eval_split = "test"
+  train_and_evaluate(config, str(tmp_path / "run"))
+  capsys.readouterr()
+
+  result = report_run.report(str(tmp_path / "run"), str(tmp_path / "out"), [1], None, None,
+                             metric="sacrebleu", alphas=[0.0, 1.0], beam_sizes=[1, 2])
+
+  searched = result["dev_decode_search"]
+  # The config's pair (beam 2, alpha 0.6) then the 2 x 2 grid, all on dev, for the chosen one.
+  pairs = [(scores["beam_size"], scores["alpha"]) for scores in searched]
+  assert pairs == [(2, 0.6), (1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)]
+  assert {scores["split"] for scores in searched} == {result["dev"]["latest"]["split"]} != {"test"}
+  best = max(searched, key=lambda scores: scores["sacrebleu"])
+  assert (result["decode"]["beam_size"], result["decode"]["alpha"]) == (best["beam_size"], best["alpha"])
+  assert (result["test"]["beam_size"], result["test"]["alpha"]) == (best["beam_size"], best["alpha"])
+  printed = capsys.readouterr().out
+  assert sum(" on test " in line for line in printed.splitlines()) == 1, printed
 
 
 def test_report_refuses_a_count_below_one(report_run, tmp_path):

@@ -275,16 +275,19 @@ class MultiHeadAttention(nn.Module):
   ) -> Array:
     """Attention against the cache, [batch, q_len, heads, d_v].
 
-    The cache keeps keys as [rows, heads, d_k, length] and values as
-    [rows, heads, length, d_v]: the layouts the two attention matmuls read, so
-    no step re-lays-out a cache (a third of beam search's time otherwise).
+    The cache keeps keys and values as [rows, heads, length, depth]: heads
+    next to rows, so both matmuls read them without re-laying-out a cache
+    (a third of beam search's time with [rows, length, heads, depth]), and a
+    step's key/value is one contiguous row per head (a key cache kept as
+    [rows, heads, d_k, length] takes a strided write along its minor axis that
+    cost 2.5-3.8x as much as the write and the dot together; benchmarks/NOTES.md).
     """
     key_value = (("key", self.d_k), ("value", self.d_v))
     # Cached keys and values only ever feed the two matmuls, so they are kept
     # in the matmuls' operand dtype: the same numbers as rounding them at each
     # use, without converting the whole cache every step (bf16 halves its bytes).
     def to_cache_layout(key: Array, value: Array) -> tuple[Array, Array]:
-      return (key.transpose(0, 2, 3, 1).astype(self._operand_dtype),
+      return (key.transpose(0, 2, 1, 3).astype(self._operand_dtype),
               value.transpose(0, 2, 1, 3).astype(self._operand_dtype))
 
     if cross_attention:
@@ -308,7 +311,7 @@ class MultiHeadAttention(nn.Module):
     if mask is not None and mask.shape[0] not in (1, key.shape[0]):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
     # Decoding is inference: these two products keep JAX's own gradients.
-    logits = self._matmul("bqhd,bhdk->bhqk", query, key, False) / jnp.sqrt(self.d_k).astype(
+    logits = self._matmul("bqhd,bhkd->bhqk", query, key, False) / jnp.sqrt(self.d_k).astype(
         query.dtype
     )
     weights = masked_softmax(logits, mask)
@@ -320,7 +323,7 @@ class MultiHeadAttention(nn.Module):
   ) -> tuple[Array, Array, Array | None]:
     """Writes this step's key/value into the static-shape cache.
 
-    key: [rows, heads, d_k, length], value: [rows, heads, length, d_v]. The
+    key: [rows, heads, length, d_k], value: [rows, heads, length, d_v]. The
     first call (which creates the cache) takes the full target length from
     `key` to size the cache and leaves it empty; later calls take one token
     each and attend over positions <= cache_index.
@@ -333,12 +336,12 @@ class MultiHeadAttention(nn.Module):
     cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not is_initialized:
       return key, value, mask
-    if key.shape[-1] != 1:
-      raise ValueError(f"incremental decoding takes one token a step, got {key.shape[-1]}")
+    if key.shape[2] != 1:
+      raise ValueError(f"incremental decoding takes one token a step, got {key.shape[2]}")
     index = cache_index.value
-    max_length = cached_key.value.shape[-1]
+    max_length = cached_key.value.shape[2]
     cached_key.value = jax.lax.dynamic_update_slice_in_dim(
-        cached_key.value, key.astype(cached_key.value.dtype), index, axis=3
+        cached_key.value, key.astype(cached_key.value.dtype), index, axis=2
     )
     cached_value.value = jax.lax.dynamic_update_slice_in_dim(
         cached_value.value, value.astype(cached_value.value.dtype), index, axis=2
