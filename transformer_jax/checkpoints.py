@@ -10,6 +10,7 @@ interrupted save is never listed as the latest step.
 
 from __future__ import annotations
 
+import logging as python_logging
 import os
 import re
 import sys
@@ -185,6 +186,16 @@ def silence_abandoned_reads() -> None:
 
   hook._drops_abandoned_reads = True
   sys.unraisablehook = hook
+  # Abandoned reads that ran as asyncio Tasks are logged instead, as "Task
+  # exception was never retrieved" (when and whether depends on the garbage
+  # collector): a filter on the logger itself also holds for logging's
+  # last-resort handler at exit.
+  python_logging.getLogger("asyncio").addFilter(_drop_abandoned_orbax_tasks)
+
+
+def _drop_abandoned_orbax_tasks(record) -> bool:
+  message = str(record.msg)
+  return not ("never retrieved" in message and "orbax" in message)
 
 
 def _set_aside(manager: ocp.CheckpointManager, paths: list[str]) -> None:

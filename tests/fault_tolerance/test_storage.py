@@ -125,3 +125,21 @@ def test_a_non_finite_loss_names_the_step_and_keeps_the_last_good_checkpoint(pre
   assert re.search(r"the loss became (nan|inf)", line), line
   assert runner.checkpoint_hashes(trained_copy) == before
   assert runner.checkpoint_steps(trained_copy) == [10, 20]
+
+
+def test_abandoned_orbax_reads_are_not_logged_but_other_asyncio_errors_are(caplog):
+  """A damaged checkpoint's other reads may be logged as unretrieved Task errors at exit."""
+  import logging
+
+  from transformer_jax import checkpoints
+
+  checkpoints.silence_abandoned_reads()
+  asyncio_logger = logging.getLogger("asyncio")
+  with caplog.at_level(logging.ERROR, logger="asyncio"):
+    asyncio_logger.error("Task exception was never retrieved\nfuture: <Task finished coro=<"
+                         "async_deserialize() done, defined at /site-packages/orbax/checkpoint/"
+                         "serialization.py:400> exception=Exception('Encountered error')>")
+    asyncio_logger.error("Task exception was never retrieved\nfuture: <Task finished coro=<"
+                         "mine() done, defined at /home/me/job.py:3> exception=ValueError()>")
+  messages = [record.getMessage() for record in caplog.records]
+  assert len(messages) == 1 and "job.py" in messages[0], messages
