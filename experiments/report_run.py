@@ -9,9 +9,10 @@ search), picks the best by dev BLEU (the test split is never used to choose),
 then decodes the test split with that one. With `--alphas` and/or
 `--beam_sizes` (e.g. `--alphas=0.6,1.0 --beam_sizes=4,8`) it then also decodes
 dev with the chosen checkpoint under each other (beam size, α) pair and takes
-the best pair for test: the beam settings are tuned on dev too. Writes `<out>/result.json` (every
-score, the choice, the training time, the config), `<out>/curves.png` (train
-and dev NLL against step) and a copy of the run's `metrics.jsonl`.
+the best pair for test: the beam settings are tuned on dev too. Writes
+`<out>/result.json` (every score, the choice, the training time, the config),
+`<out>/curves.png` (train and dev NLL against step) and a copy of the run's
+`metrics.jsonl`.
 """
 
 from __future__ import annotations
