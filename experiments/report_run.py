@@ -111,7 +111,7 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   result = dict(
       chosen_checkpoint=chosen, chosen_by=f"{metric} on {dev_split}", metric=metric,
       test=test, dev=dev,
-      dev_decode_search=[searched[pair] for pair in searched] if len(searched) > 1 else None,
+      dev_decode_search=list(searched.values()) if len(searched) > 1 else None,
       averaged_steps=averaged_steps[chosen],
       train_steps=train_rows[-1]["step"] if train_rows else None,
       train_seconds=train_rows[-1].get("elapsed_s") if train_rows else None,

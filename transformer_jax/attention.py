@@ -287,13 +287,13 @@ class MultiHeadAttention(nn.Module):
     # Cached keys and values only ever feed the two matmuls, so they are kept
     # in the matmuls' operand dtype: the same numbers as rounding them at each
     # use, without converting the whole cache every step (bf16 halves its bytes).
-    def to_cache_layout(key: Array, value: Array) -> tuple[Array, Array]:
-      return (key.transpose(0, 2, 1, 3).astype(self._operand_dtype),
-              value.transpose(0, 2, 1, 3).astype(self._operand_dtype))
+    def to_cache_layout(projected: Array) -> Array:
+      """[rows, length, heads, depth] -> [rows, heads, length, depth], in the operand dtype."""
+      return projected.transpose(0, 2, 1, 3).astype(self._operand_dtype)
 
     if cross_attention:
       if not self.has_variable("cache", "cross_key"):  # Once per sentence, with the cache.
-        key, value = to_cache_layout(*self._project(inputs_kv, key_value))
+        key, value = map(to_cache_layout, self._project(inputs_kv, key_value))
         self.put_variable("cache", "cross_key", key)
         self.put_variable("cache", "cross_value", value)
       key = self.get_variable("cache", "cross_key")
@@ -302,7 +302,7 @@ class MultiHeadAttention(nn.Module):
     else:
       query, new_key, new_value = self._project(inputs_q, (("query", self.d_k),) + key_value)
       key, value, mask = self._update_self_attention_cache(
-          *to_cache_layout(new_key, new_value), mask
+          to_cache_layout(new_key), to_cache_layout(new_value), mask
       )
     # A cache with one row per sentence serves all of that sentence's beams:
     # the beams become extra query positions of that row.
