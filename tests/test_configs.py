@@ -63,6 +63,19 @@ def test_every_table3_row_validates(table3, scale):
   assert (cpu.data.dataset, cpu.model.d_model, cpu.model.num_layers) == ("multi30k", 128, 3)
 
 
+@pytest.mark.parametrize("scale", ["paper", "cpu"])
+def test_table3_rows_decode_as_the_paper_whatever_the_sibling_recipe_tunes(table3, scale):
+  """§6.2: beam 4, α 0.6, no averaging; the cpu scale stays float32 like results/table3_cpu.
+
+  The rows build on wmt14_base / multi30k, whose own decoding and precision may be tuned.
+  """
+  for row in table3.ROWS:
+    config = table3.get_config(f"{row},{scale}")
+    assert (config.beam_size, config.length_penalty, config.average_last_checkpoints) == (4, 0.6, 1)
+    if scale == "cpu":
+      assert config.model.matmul_dtype in ("", "float32")
+
+
 def test_config_flag_selects_a_table3_row():
   argv = ["prog", f"--config={CONFIG_DIR / 'table3.py'}:A1,cpu", "--config.num_train_steps=7"]
   flag_values = flags.FlagValues()
