@@ -104,8 +104,8 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
         searched[beam_size, alpha] = score(
             chosen, dev_split, dataclasses.replace(options, beam_size=beam_size, alpha=alpha))
   best_pair = max(searched, key=lambda pair: searched[pair][metric])
-  options = dataclasses.replace(options, beam_size=best_pair[0], alpha=best_pair[1])
-  test = score(chosen, test_split, options)
+  test_options = dataclasses.replace(options, beam_size=best_pair[0], alpha=best_pair[1])
+  test = score(chosen, test_split, test_options)
   metrics = read_metrics(Path(workdir))
   train_rows = [r for r in metrics if r["split"] == "train"]
   result = dict(
@@ -115,8 +115,8 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
       averaged_steps=averaged_steps[chosen],
       train_steps=train_rows[-1]["step"] if train_rows else None,
       train_seconds=train_rows[-1].get("elapsed_s") if train_rows else None,
-      decode=dict(beam_size=options.beam_size, alpha=options.alpha,
-                  max_extra_len=options.max_extra_len),
+      decode=dict(beam_size=test_options.beam_size, alpha=test_options.alpha,
+                  max_extra_len=test_options.max_extra_len),
       config=json.loads(config.to_json_best_effort()),
   )
   out_dir = Path(out)
