@@ -46,6 +46,20 @@ def define_flags() -> None:
                     "default: the config's only.")
 
 
+def training_seconds(train_rows: Sequence[dict]) -> float | None:
+  """Seconds spent training, over every process that worked on the run.
+
+  `elapsed_s` counts from the start of the process that logged it, so a resumed run
+  (after a preemption, or to train on) starts again from zero: the total is the sum of
+  each process's last `elapsed_s`. Steps repeated after a crash count, as time spent.
+  """
+  times = [row["elapsed_s"] for row in train_rows if "elapsed_s" in row]
+  if not times:
+    return None
+  segment_ends = [t for t, later in zip(times, times[1:]) if later < t]
+  return sum(segment_ends) + times[-1]
+
+
 def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str | None,
            test_split: str | None, metric: str = "auto", alphas: Sequence[float] = (),
            beam_sizes: Sequence[int] = ()) -> dict:
@@ -114,7 +128,7 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
       dev_decode_search=list(searched.values()) if len(searched) > 1 else None,
       averaged_steps=averaged_steps[chosen],
       train_steps=train_rows[-1]["step"] if train_rows else None,
-      train_seconds=train_rows[-1].get("elapsed_s") if train_rows else None,
+      train_seconds=training_seconds(train_rows),
       decode=dict(beam_size=test_options.beam_size, alpha=test_options.alpha,
                   max_extra_len=test_options.max_extra_len),
       config=json.loads(config.to_json_best_effort()),

@@ -77,3 +77,15 @@ def test_report_refuses_a_count_below_one(report_run, tmp_path):
   train_and_evaluate(config, str(tmp_path / "run"))
   with pytest.raises(UserError, match="at least 1"):
     report_run.report(str(tmp_path / "run"), str(tmp_path / "out"), [0], None, "test")
+
+
+def test_training_time_of_a_resumed_run_adds_up_every_process(report_run):
+  """elapsed_s restarts in each process; report_run's train_seconds is their sum."""
+  rows = [dict(step=50, elapsed_s=40.0), dict(step=100, elapsed_s=80.0),
+          # Killed after step 100's checkpoint, resumed there: a new process.
+          dict(step=150, elapsed_s=45.0), dict(step=200, elapsed_s=85.0),
+          # Killed before step 250's checkpoint; the resumed process repeats step 250.
+          dict(step=250, elapsed_s=120.0), dict(step=250, elapsed_s=30.0)]
+  assert report_run.training_seconds(rows) == 80.0 + 120.0 + 30.0
+  assert report_run.training_seconds(rows[:2]) == 80.0
+  assert report_run.training_seconds([]) is None
