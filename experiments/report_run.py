@@ -51,13 +51,16 @@ def training_seconds(train_rows: Sequence[dict]) -> float | None:
 
   `elapsed_s` counts from the start of the process that logged it, so a resumed run
   (after a preemption, or to train on) starts again from zero: the total is the sum of
-  each process's last `elapsed_s`. Steps repeated after a crash count, as time spent.
+  each process's last `elapsed_s`. A new process shows as a row whose `elapsed_s` falls
+  or whose step does not advance (it resumed from an earlier checkpoint). Steps
+  repeated after a crash count, as time spent.
   """
-  times = [row["elapsed_s"] for row in train_rows if "elapsed_s" in row]
-  if not times:
+  rows = [row for row in train_rows if "elapsed_s" in row]
+  if not rows:
     return None
-  segment_ends = [t for t, later in zip(times, times[1:]) if later < t]
-  return sum(segment_ends) + times[-1]
+  segment_ends = [row["elapsed_s"] for row, later in zip(rows, rows[1:])
+                  if later["elapsed_s"] < row["elapsed_s"] or later["step"] <= row["step"]]
+  return sum(segment_ends) + rows[-1]["elapsed_s"]
 
 
 def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str | None,

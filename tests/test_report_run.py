@@ -88,4 +88,9 @@ def test_training_time_of_a_resumed_run_adds_up_every_process(report_run):
           dict(step=250, elapsed_s=120.0), dict(step=250, elapsed_s=30.0)]
   assert report_run.training_seconds(rows) == 80.0 + 120.0 + 30.0
   assert report_run.training_seconds(rows[:2]) == 80.0
+  # Killed after its first log, before any checkpoint: the rerun starts over from step 1
+  # and is slower to its first log, so only the step shows the new process.
+  restarted = [dict(step=50, elapsed_s=40.0), dict(step=50, elapsed_s=44.0),
+               dict(step=100, elapsed_s=85.0)]
+  assert report_run.training_seconds(restarted) == 40.0 + 85.0
   assert report_run.training_seconds([]) is None

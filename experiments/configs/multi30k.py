@@ -32,7 +32,7 @@ cores. Measured 2026-12-02 (recipe v7, 2 idle AMD EPYC cores of family 26,
 Zen 5, with AVX512-BF16): test2016 tokenized BLEU 40.45, sacreBLEU 40.45
 (the average of the last 5 checkpoints, chosen on val: 42.12 against 41.43
 for the last 3, 41.65 for the last 10 and 40.48 for the latest, at beam 8,
-α 1.5; then beam 4, α 1.5, chosen on val: 42.26), after 51 min 46 s of
+α 1.5; then beam 4, α 1.5, chosen on val: 42.26), after 51 min 47 s of
 training (0.82 s a step). The goal is not met on test2016 (it is on val).
 On the slower EPYC of the earlier recipes (1.28 s a step) 3,800 steps take
 ~80 minutes: there, `--config.num_train_steps=2500` fits (measured here at
