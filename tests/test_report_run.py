@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import jax
+import numpy as np
 import pytest
 
 from test_ablations import load_module, tiny_base
@@ -94,3 +96,39 @@ def test_training_time_of_a_resumed_run_adds_up_every_process(report_run):
                dict(step=100, elapsed_s=85.0)]
   assert report_run.training_seconds(restarted) == 40.0 + 85.0
   assert report_run.training_seconds([]) is None
+
+
+@pytest.mark.parametrize("average", [1, 2])
+def test_final_report_decodes_the_configured_checkpoint_average(tmp_path, capsys, average):
+  """Training's own final BLEU uses the recipe's average_last_checkpoints, like report_run."""
+  from transformer_jax.decode import DecodeOptions
+  from transformer_jax.evaluate import evaluate_texts, final_report
+  from transformer_jax.inference import load_run
+  from transformer_jax.train import train_and_evaluate
+
+  config = tiny_base()
+  config.checkpoint_every_steps = 2
+  config.average_last_checkpoints = average
+  config.final_eval_split = "test"
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(config, workdir)
+
+  scores = final_report(config, workdir)
+
+  expected_checkpoint = "averaged" if average > 1 else "latest"
+  assert scores["averaged_steps"] == ([4, 6] if average > 1 else None)
+  assert scores["checkpoint_step"] == 6
+  printed = capsys.readouterr().out
+  assert ("the average of steps 4, 6" if average > 1 else "step 6,") in printed, printed
+  # The scores are those of that checkpoint, decoded with the config's beam settings.
+  from transformer_jax.data.pipeline import load_dataset
+  sources, references = load_dataset(config.data).texts("test")
+  options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
+                          max_extra_len=config.max_decode_extra_len)
+  direct, _ = evaluate_texts(load_run(workdir, expected_checkpoint), sources, references, options)
+  assert direct["sacrebleu"] == scores["sacrebleu"]
+  if average > 1:  # Averaging changed the parameters, so the latest alone decodes differently.
+    latest = load_run(workdir, "latest").params
+    averaged = load_run(workdir, "averaged").params
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(latest),
+                                                        jax.tree.leaves(averaged)))

@@ -1,10 +1,11 @@
 """Averages the parameters of the last K checkpoints (§6.1: 5 for base, 20 for big).
 
-  python -m transformer_jax.average_checkpoints --workdir=DIR --last=5
+  python -m transformer_jax.average_checkpoints --workdir=DIR [--last=K]
 
 Writes <workdir>/checkpoints_averaged/<newest step>/, which translate and
-evaluate select with --checkpoint=averaged. The training checkpoints are only
-read, never changed.
+evaluate select with --checkpoint=averaged. K defaults to the run's
+`average_last_checkpoints` (what training's final report averages). The
+training checkpoints are only read, never changed.
 """
 
 from __future__ import annotations
@@ -74,13 +75,19 @@ def main(argv):
   del argv
   if not FLAGS.workdir:
     raise UserError("--workdir is required: the run directory of a training run")
-  step, steps = average_checkpoints(FLAGS.workdir, FLAGS.last)
+  last = FLAGS.last
+  if last is None:
+    from transformer_jax.inference import read_config
+
+    last = read_config(FLAGS.workdir).average_last_checkpoints
+  step, steps = average_checkpoints(FLAGS.workdir, last)
   print(f"averaged steps {steps} into {os.path.join(FLAGS.workdir, 'checkpoints_averaged', str(step))}")
 
 
 if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "Run directory of a training run.")
-  flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average.")
+  flags.DEFINE_integer("last", None, "How many of the newest checkpoints to average; "
+                       "default: the run config's average_last_checkpoints.")
   from transformer_jax import cli
 
   app.run(main, flags_parser=cli.parse_flags)

@@ -51,7 +51,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.beam_size = 4
   config.length_penalty = 0.6
   config.max_decode_extra_len = 50
-  config.average_last_checkpoints = 5  # average_checkpoints's default --last.
+  # The final report decodes the average of the newest K checkpoints (1: the latest);
+  # also average_checkpoints's default --last.
+  config.average_last_checkpoints = 5
   # At the end of training: decode this split and print BLEU ("" to skip).
   config.final_eval_split = ""
   config.final_eval_examples = 3  # Translations printed after the final BLEU.

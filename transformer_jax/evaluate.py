@@ -37,7 +37,13 @@ def evaluate_texts(run, sources, references, options, tokens_per_batch=4096,
 
 
 def final_report(config, workdir: str, split: str | None = None) -> dict:
-  """After training: decode a split of the run's dataset with the §6.1 recipe, print BLEU."""
+  """After training: decode a split of the run's dataset with the §6.1 recipe, print BLEU.
+
+  The recipe includes the checkpoint: the average of the newest
+  `config.average_last_checkpoints` (written to checkpoints_averaged/), or the
+  latest where that is 1.
+  """
+  from transformer_jax.average_checkpoints import average_checkpoints
   from transformer_jax.data.pipeline import load_dataset
   from transformer_jax.decode import DecodeOptions
   from transformer_jax.inference import load_run
@@ -45,16 +51,22 @@ def final_report(config, workdir: str, split: str | None = None) -> dict:
   data = load_dataset(config.data)
   split = split or config.final_eval_split
   sources, references = data.texts(split)
-  run = load_run(workdir, "latest")
+  averaged_steps = None
+  if config.average_last_checkpoints > 1:
+    _, averaged_steps = average_checkpoints(workdir, config.average_last_checkpoints)
+  run = load_run(workdir, "averaged" if averaged_steps else "latest")
+  checkpoint = (f"the average of steps {', '.join(map(str, averaged_steps))}"
+                if averaged_steps else f"step {run.step}")
   options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
                           max_extra_len=config.max_decode_extra_len)
   scores, hypotheses = evaluate_texts(run, sources, references, options)
   for source, hypothesis, reference in list(zip(sources, hypotheses, references))[: config.final_eval_examples]:
     print(f"source:     {source}\ntranslated: {hypothesis}\nreference:  {reference}\n")
-  print(f"BLEU on {split} ({len(sources)} sentences, beam {config.beam_size}, α "
+  print(f"BLEU on {split} ({len(sources)} sentences, {checkpoint}, beam {config.beam_size}, α "
         f"{config.length_penalty}): sacreBLEU {scores['sacrebleu']:.2f}, tokenized BLEU "
         f"{scores['paper_bleu']:.2f}, chrF {scores['chrf']:.2f}")
   print(f"sacreBLEU signature: {scores['sacrebleu_signature']}")
+  scores.update(checkpoint_step=run.step, averaged_steps=averaged_steps)
   with open(os.path.join(workdir, f"final_{split}.json"), "w") as f:
     json.dump(scores, f, indent=2)
   return scores

@@ -28,5 +28,7 @@ def get_config():
   config.checkpoint_every_steps = 400
   config.checkpoint_every_minutes = 5.0
   config.keep_checkpoints = 2
+  # Its two checkpoints lie 400 steps (half the run) apart: score the latest alone.
+  config.average_last_checkpoints = 1
   config.final_eval_split = "test"
   return config
