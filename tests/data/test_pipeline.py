@@ -178,3 +178,43 @@ def test_newstest_as_plain_text(real_data, cache_dir):
   src, ref = data.texts("newstest2014")
   first_de = (real_data / "wmt-newstest-en-de" / "newstest2014.de").read_text("utf-8")
   assert src[0] == first_de.split("\n")[0], "source_lang=de must read the .de file"
+
+
+def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(small_generated):
+  cfg = {**small_generated.config.to_dict(), "bpe_dropout": 0.1, "pack": True}
+  data = pipeline.load_dataset(cfg)
+  it = data.train_iterator(batch_multiple=2)
+  first, second = it.epoch_split(0), it.epoch_split(1)
+  decode = lambda split, i: data.tokenizer.decode(split.tgt[split.tgt_offsets[i]:split.tgt_offsets[i + 1]])
+  plain = data.train
+  # The same sentences in other pieces, and other pieces again the next epoch.
+  for i in range(0, len(plain), 97):
+    assert decode(first, i) == decode(second, i) == decode(plain, i)
+  differs = lambda a, b: sum(not np.array_equal(a.src[a.src_offsets[i]:a.src_offsets[i + 1]],
+                                                b.src[b.src_offsets[i]:b.src_offsets[i + 1]])
+                             for i in range(len(plain)))
+  assert differs(first, plain) > len(plain) // 10 and differs(first, second) > len(plain) // 10
+  assert first.tgt_lengths.sum() > plain.tgt_lengths.sum()
+  # Resume across an epoch boundary in a fresh load: the same batches.
+  per_epoch = it.batches_per_epoch(0)
+  for _ in range(per_epoch - 3):
+    next(it)
+  state = it.get_state()
+  expected = [next(it) for _ in range(6)]
+  resumed = pipeline.load_dataset(cfg).train_iterator(batch_multiple=2)
+  resumed.set_state(state)
+  for want in expected:
+    got = next(resumed)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+  # A state from the BPE-dropout stream does not restore into the plain one.
+  plain_it = pipeline.load_dataset({**cfg, "bpe_dropout": 0.0}).train_iterator(batch_multiple=2)
+  with pytest.raises(UserError, match="another data setup"):
+    plain_it.set_state(state)
+
+
+def test_bpe_dropout_config_errors(small_generated):
+  cfg = small_generated.config.to_dict()
+  with pytest.raises(UserError, match=r"bpe_dropout=1.0 must be in \[0, 1\)"):
+    pipeline.load_dataset({**cfg, "bpe_dropout": 1.0})
+  with pytest.raises(UserError, match="needs data.tokenizer_type='bpe', not 'unigram'"):
+    pipeline.load_dataset({**cfg, "bpe_dropout": 0.1, "tokenizer_type": "unigram"})

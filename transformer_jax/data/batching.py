@@ -26,7 +26,7 @@ import functools
 import hashlib
 import itertools
 import json
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import grain
 import numpy as np
@@ -224,11 +224,18 @@ class TrainIterator:
   Yields this host's rows [p*B/P, (p+1)*B/P) of each global batch of B rows:
   {'src_tokens': int32[B/P, len], 'target_tokens': int32[B/P, len]} (plus
   '*_segment_ids' and '*_positions' when packing).
+
+  `resample(epoch)`, when given, returns that epoch's pairs (the same pairs,
+  segmented anew, e.g. by BPE-dropout; every side at most max_len); it must
+  be a pure function of the epoch, so that every host and a restored
+  iterator see the same batches. `resample_key` names it in the fingerprint.
   """
 
   def __init__(self, split: TokenizedSplit, *, seed: int, tokens_per_batch: int,
                boundaries: Sequence[int], max_len: int, pack: bool,
-               batch_multiple: int, process_index: int = 0, process_count: int = 1):
+               batch_multiple: int, process_index: int = 0, process_count: int = 1,
+               resample: Callable[[int], TokenizedSplit] | None = None,
+               resample_key: str = ""):
     check_sharding(batch_multiple, process_index, process_count)
     if len(split) == 0:
       raise UserError("the training split has no pairs left; check the data and max_len")
@@ -239,14 +246,14 @@ class TrainIterator:
     self.boundaries = train_boundaries(boundaries, max_len)
     self.rows = [rows_per_batch(tokens_per_batch, b, batch_multiple)
                  for b in self.boundaries]
-    self._lengths = np.maximum(split.src_lengths, split.tgt_lengths)
-    if self._lengths.max() > self.max_len:
-      raise ValueError("pairs longer than max_len must be filtered first")
+    self._resample = resample
+    lengths = np.maximum(split.src_lengths, split.tgt_lengths)
     self.epoch, self.batch_in_epoch = 0, 0
-    self._dataset_cache: tuple[int, tuple[grain.MapDataset, grain.MapDataset]] | None = None
+    self._dataset_cache: tuple[int, tuple] | None = None
+    fields = ["grain", self.seed, self.tokens_per_batch, self.boundaries, self.pack,
+              batch_multiple, len(split), int(lengths.sum())]
     self.fingerprint = hashlib.sha256(json.dumps(
-        ["grain", self.seed, self.tokens_per_batch, self.boundaries, self.pack,
-         batch_multiple, len(split), int(self._lengths.sum())]).encode()).hexdigest()[:16]
+        fields + ([resample_key] if resample_key else [])).encode()).hexdigest()[:16]
 
   def epoch_plan(self, epoch: int) -> list:
     """The global batches of `epoch` in training order: [(length, rows)].
@@ -260,35 +267,45 @@ class TrainIterator:
     """This host's batches of `epoch` (grain: plans -> shuffle -> assemble)."""
     return self._epoch_datasets(epoch)[1]
 
-  def _epoch_datasets(self, epoch: int) -> tuple[grain.MapDataset, grain.MapDataset]:
-    """(global batch plans, this host's assembled batches) of `epoch`, built once."""
+  def epoch_split(self, epoch: int) -> TokenizedSplit:
+    """The pairs as `epoch` segments them (`split` unless resampled)."""
+    return self._epoch_datasets(epoch)[2]
+
+  def _epoch_datasets(self, epoch: int) -> tuple[grain.MapDataset, grain.MapDataset,
+                                                 TokenizedSplit]:
+    """(global batch plans, this host's assembled batches, pairs) of `epoch`, built once."""
     if self._dataset_cache is None or self._dataset_cache[0] != epoch:
-      plans = self._plan_epoch(epoch)
-      self._dataset_cache = (epoch, (plans, plans.map(self._host_batch)))
+      split = self.split if self._resample is None else self._resample(epoch)
+      if len(split) != len(self.split):
+        raise ValueError(f"resample({epoch}) returned {len(split)} pairs, not {len(self.split)}")
+      if max(split.src_lengths.max(), split.tgt_lengths.max()) > self.max_len:
+        raise ValueError("pairs longer than max_len must be filtered first")
+      plans = self._plan_epoch(epoch, split)
+      batches = plans.map(functools.partial(self._host_batch, split))
+      self._dataset_cache = (epoch, (plans, batches, split))
     return self._dataset_cache[1]
 
-  def _plan_epoch(self, epoch: int) -> grain.MapDataset:
+  def _plan_epoch(self, epoch: int, split: TokenizedSplit) -> grain.MapDataset:
     rng = np.random.default_rng([self.seed, epoch])
-    order = rng.permutation(len(self.split))
+    order = rng.permutation(len(split))
     if self.pack:
-      rows = pack_rows(order, self.split.src_lengths, self.split.tgt_lengths, self.max_len)
+      rows = pack_rows(order, split.src_lengths, split.tgt_lengths, self.max_len)
       rows = [rows[i] for i in rng.permutation(len(rows))]
       r = rows_per_batch(self.tokens_per_batch, self.max_len, self.batch_multiple)
       plan = [(self.max_len, rows[s:s + r]) for s in range(0, len(rows), r)]
       plan[-1] = (self.max_len, plan[-1][1] + [[]] * (r - len(plan[-1][1])))
     else:
-      plan = bucket_plan(order, self._lengths, self.boundaries, self.rows)
+      lengths = np.maximum(split.src_lengths, split.tgt_lengths)
+      plan = bucket_plan(order, lengths, self.boundaries, self.rows)
     return grain.MapDataset.source(plan).shuffle(seed=int(rng.integers(2**31)))
 
-  def _host_batch(self, plan: tuple) -> dict[str, np.ndarray]:
+  def _host_batch(self, split: TokenizedSplit, plan: tuple) -> dict[str, np.ndarray]:
     length, rows = plan
     lo, hi = host_slice(len(rows), self.process_index, self.process_count)
     if self.pack:
-      return gather_packed(self.split, rows[lo:hi], length)
-    return {"src_tokens": gather_padded(self.split.src, self.split.src_offsets,
-                                        rows[lo:hi], length),
-            "target_tokens": gather_padded(self.split.tgt, self.split.tgt_offsets,
-                                           rows[lo:hi], length)}
+      return gather_packed(split, rows[lo:hi], length)
+    return {"src_tokens": gather_padded(split.src, split.src_offsets, rows[lo:hi], length),
+            "target_tokens": gather_padded(split.tgt, split.tgt_offsets, rows[lo:hi], length)}
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     return self
@@ -325,7 +342,7 @@ class TrainIterator:
 
   def padding_fraction(self, epoch: int = 0) -> float:
     """Fraction of PAD slots (source and target) in the global batches."""
-    return plan_padding_fraction(self.epoch_plan(epoch), self.split, self.pack)
+    return plan_padding_fraction(self.epoch_plan(epoch), self.epoch_split(epoch), self.pack)
 
 
 def plan_padding_fraction(plan: list, split: TokenizedSplit, packed: bool) -> float:

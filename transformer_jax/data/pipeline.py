@@ -67,6 +67,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   # default (DEFAULT_VOCAB_SIZES).
   c.vocab_size = config_dict.placeholder(int)
   c.tokenizer_type = "bpe"  # 'bpe' or 'unigram'.
+  # Training pairs only: BPE-dropout (Provilkov et al., 2020), each merge skipped with
+  # this probability, both sides segmented anew every epoch; 0: off. A BPE tokenizer only.
+  c.bpe_dropout = 0.0
   c.max_len = 128  # Tokens incl. EOS; longer training pairs are dropped (counted).
   c.tokens_per_batch = 4_096  # Budget: rows * padded_len <= this, src and target.
   # Padded lengths (shapes); those above max_len are unused in training.
@@ -103,6 +106,12 @@ def resolve_data_config(data_config: Mapping[str, Any] | None) -> ml_collections
   for key in ("max_len", "tokens_per_batch", "vocab_size", "num_generated_train"):
     if int(merged[key]) < 1:
       raise UserError(f"data.{key}={merged[key]} must be positive")
+  if not 0.0 <= float(merged["bpe_dropout"]) < 1.0:
+    raise UserError(f"data.bpe_dropout={merged['bpe_dropout']} must be in [0, 1) "
+                    "(Provilkov et al. use 0.1)")
+  if merged["bpe_dropout"] > 0 and merged["tokenizer_type"] != "bpe":
+    raise UserError(f"data.bpe_dropout needs data.tokenizer_type='bpe', not "
+                    f"{merged['tokenizer_type']!r}; set one of them")
   return ml_collections.ConfigDict(merged)
 
 
@@ -111,17 +120,20 @@ class TranslationData:
 
   `split_sizes` counts every pair of each loaded split (what BLEU scores);
   training uses `train`, those of the train split that survived filtering
-  (`filtered` counts the dropped: {'empty': n, 'too_long': n}).
+  (`filtered` counts the dropped: {'empty': n, 'too_long': n}; `train_lines`
+  holds their line numbers in the split).
   """
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer,
                splits: dict[str, batching.TokenizedSplit],
                train: batching.TokenizedSplit, split_names: tuple,
-               split_sizes: dict[str, int], reader, filtered: dict[str, int]):
+               split_sizes: dict[str, int], reader, filtered: dict[str, int],
+               train_lines: np.ndarray):
     self.config = config
     self.tokenizer = tokenizer
     self._splits = splits  # Unfiltered eval/test splits.
     self.train = train
+    self.train_lines = train_lines
     self.train_split, self.eval_split, self.test_split = split_names
     self.split_sizes = split_sizes
     self.filtered = filtered
@@ -144,14 +156,36 @@ class TranslationData:
       self._texts[split] = self._reader(split)
     return self._texts[split]
 
+  def bpe_dropout_split(self, epoch: int) -> batching.TokenizedSplit:
+    """The training pairs with both sides segmented by BPE-dropout for `epoch`.
+
+    A pure function of (data.seed, epoch), the same on every host. A side
+    that comes out longer than max_len keeps its deterministic segmentation.
+    """
+    c = self.config
+    sources, targets = self.texts(self.train_split)
+    seeds = np.random.default_rng([c.seed, epoch, 0x42504544]).integers(2**31, size=2)
+    sides = []
+    for texts, seed, flat, offsets in ((sources, seeds[0], self.train.src, self.train.src_offsets),
+                                       (targets, seeds[1], self.train.tgt, self.train.tgt_offsets)):
+      sampled = self.tokenizer.encode_batch([texts[i] for i in self.train_lines],
+                                            bpe_dropout=c.bpe_dropout, seed=int(seed))
+      for i, ids in enumerate(sampled):
+        if len(ids) > c.max_len:
+          sampled[i] = flat[offsets[i]:offsets[i + 1]].tolist()
+      sides.append(sampled)
+    return batching.TokenizedSplit.from_lists(*sides)
+
   def train_iterator(self, batch_multiple: int, process_index: int = 0,
                      process_count: int = 1) -> batching.TrainIterator:
     c = self.config
+    resample = self.bpe_dropout_split if c.bpe_dropout > 0 else None
     it = batching.TrainIterator(
         self.train, seed=c.seed, tokens_per_batch=c.tokens_per_batch,
         boundaries=c.bucket_boundaries, max_len=c.max_len, pack=c.pack,
         batch_multiple=batch_multiple, process_index=process_index,
-        process_count=process_count)
+        process_count=process_count, resample=resample,
+        resample_key=f"bpe_dropout={c.bpe_dropout}" if resample else "")
     logging.info("train batches: %d per epoch, padding fraction %.3f (pack=%s)",
                  it.batches_per_epoch(0), it.padding_fraction(0), c.pack)
     return it
@@ -211,7 +245,7 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
       training_text)
   splits = {name: _tokenized(root / "tokenized", prepared, tok, name, read)
             for name in dict.fromkeys(names[1:]) if name is not None}
-  train, filtered = _filter_train(
+  train, train_lines, filtered = _filter_train(
       splits.get(names[0]) or _tokenized(root / "tokenized", prepared, tok, names[0], read),
       cfg.max_len)
   sizes = {n: prepared.splits[n] for n in names if n is not None}
@@ -228,7 +262,8 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
   def reader(split: str) -> tuple[list[str], list[str]]:
     return eval_texts[split] if split in eval_texts else prepared.read(split)
 
-  return TranslationData(cfg, tok, splits, train, tuple(names), sizes, reader, filtered)
+  return TranslationData(cfg, tok, splits, train, tuple(names), sizes, reader, filtered,
+                         train_lines)
 
 
 def _tokenized(cache_dir: Path, prepared, tok, split: str, read) -> batching.TokenizedSplit:
@@ -253,13 +288,14 @@ def _tokenized(cache_dir: Path, prepared, tok, split: str, read) -> batching.Tok
 
 
 def _filter_train(split: batching.TokenizedSplit, max_len: int):
-  """Drops pairs with an empty side or a side longer than max_len (counted)."""
+  """(kept pairs, their indices, counts) after dropping pairs with an empty
+  side or a side longer than max_len."""
   empty = (split.src_lengths <= 1) | (split.tgt_lengths <= 1)  # Only EOS.
   too_long = ~empty & (np.maximum(split.src_lengths, split.tgt_lengths) > max_len)
   keep = np.flatnonzero(~empty & ~too_long)
   if len(keep) < len(split):
     split = split.subset(keep)
-  return split, {"empty": int(empty.sum()), "too_long": int(too_long.sum())}
+  return split, keep, {"empty": int(empty.sum()), "too_long": int(too_long.sum())}
 
 
 def measure_throughput(data: TranslationData, seconds: float = 3.0,

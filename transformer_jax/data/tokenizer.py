@@ -58,10 +58,23 @@ class Tokenizer:
     """Token ids of `text` followed by EOS: int[len + 1]."""
     return self._sp.encode(text) + [special_tokens.EOS_ID]
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """`encode` of every text (runs in SentencePiece's C++ threads)."""
+  def encode_batch(self, texts: Sequence[str], bpe_dropout: float = 0.0,
+                   seed: int = 0) -> list[list[int]]:
+    """`encode` of every text (runs in SentencePiece's C++ threads).
+
+    With `bpe_dropout` > 0 (a BPE model only), each merge is skipped with that
+    probability (BPE-dropout, Provilkov et al., 2020): another segmentation of
+    the same text, a pure function of (texts, bpe_dropout, seed). The sampler's
+    generator is per thread and seeded from the global seed, so those encode in
+    one thread.
+    """
     eos = special_tokens.EOS_ID
-    out = self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
+    if bpe_dropout > 0:
+      spm.set_random_generator_seed(int(seed))
+      out = self._sp.encode(list(texts), enable_sampling=True, alpha=float(bpe_dropout),
+                            nbest_size=-1, num_threads=1)
+    else:
+      out = self._sp.encode(list(texts), num_threads=os.cpu_count() or 1)
     for ids in out:
       ids.append(eos)
     return out
