@@ -1,5 +1,7 @@
 """Incremental decoding with the KV cache, and the Translator on any batch size."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -66,6 +68,59 @@ def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy
     return sequences[:, 0]
 
   np.testing.assert_array_equal(np.asarray(shared), np.asarray(own_copies(params)))
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy", "sample"])
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_growing_cache_decodes_what_the_full_length_cache_decodes(model_and_params, method,
+                                                                  ignore_eos):
+  """40 steps run as loops over caches of 16, 32 and 40 positions: the same tokens."""
+  model, params = model_and_params
+  outputs = {}
+  for growing in (False, True):
+    options = decode.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=34,
+                                   ignore_eos=ignore_eos, growing_cache=growing)
+    outputs[growing] = np.asarray(jax.jit(
+        lambda p: decode.decode_batch(model, p, SRC, options, 40, jax.random.key(3)))(params))
+  np.testing.assert_array_equal(outputs[True], outputs[False])
+  # Last non-PAD position + 1 (sampling may also draw PAD before it).
+  lengths = 40 - np.argmax(outputs[True][:, ::-1] != 0, axis=-1)
+  if ignore_eos:  # Every row ran past the first two cache lengths.
+    assert (lengths == (SRC != 0).sum(-1) + 34).all() and lengths.min() > 32
+
+
+def test_growing_cache_keeps_beam_scores(model_and_params):
+  """Beam scores (log P / lp) of every beam, not only the best tokens, are the same."""
+  from transformer_jax import search
+
+  model, params = model_and_params
+
+  @functools.partial(jax.jit, static_argnums=1)
+  def beams(params, grow):
+    encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
+    lengths = search.doubling_lengths(40) if grow else ()
+    cache = decode.init_cache(model, params, encoded, SRC, lengths[0] if grow else 40)
+    per_row, per_sentence = decode.split_cache(cache)
+    step = decode.step_logits(model, params, SRC, per_sentence)
+    return search.beam_search(step, per_row, SRC.shape[0], 3, 0.6, max_decode_len=40,
+                              ignore_eos=True, cache_lengths=lengths,
+                              grow_cache=decode.grow_cache if grow else None)
+
+  grown, full = beams(params, True), beams(params, False)
+  np.testing.assert_array_equal(np.asarray(grown[0]), np.asarray(full[0]))
+  np.testing.assert_allclose(np.asarray(grown[1]), np.asarray(full[1]), rtol=1e-6)
+
+
+def test_growing_cache_lengths_double_up_to_the_maximum():
+  from transformer_jax import search
+
+  assert search.doubling_lengths(40) == (16, 32, 40)
+  assert search.doubling_lengths(16) == (16,)
+  assert search.doubling_lengths(10) == (10,)
+  assert search.doubling_lengths(100, first=8) == (8, 16, 32, 64, 100)
+  step = lambda tokens, cache, t: (jnp.zeros((tokens.shape[0], 5)), cache)
+  with pytest.raises(ValueError, match="must increase from >= 1 to max_decode_len=8"):
+    search.greedy_search(step, {}, 2, 8, cache_lengths=(4, 6), grow_cache=lambda c, n: c)
 
 
 @pytest.mark.parametrize("method", ["beam", "greedy"])

@@ -38,6 +38,10 @@ class DecodeOptions:
   temperature: float = 1.0
   top_k: int = 0
   ignore_eos: bool = False  # Benchmarks: always decode to the maximum length.
+  # The self-attention cache starts at 16 positions and doubles (one compiled loop per
+  # length), so early steps attend over and reorder a short cache; False: one loop
+  # over a cache of the maximum length. Same outputs either way.
+  growing_cache: bool = False
 
   def __post_init__(self):
     if self.method not in ("beam", "greedy", "sample"):
@@ -62,6 +66,21 @@ def init_cache(model: Transformer, params, encoded: Array, src_tokens: Array, ma
 
 # Cache entries that depend only on the sentence, not on the beam or the step.
 _PER_SENTENCE_ENTRIES = ("cross_key", "cross_value")
+# Self-attention entries, [rows, heads, length, depth]: what a growing cache pads.
+_PER_STEP_ENTRIES = ("cached_key", "cached_value")
+
+
+def grow_cache(cache, length: int):
+  """The cache with every self-attention key/value padded to `length` positions.
+
+  The new positions hold zeros and lie after `cache_index`, so the step mask
+  hides them until they are written.
+  """
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  for path, value in flat.items():
+    if path[-1] in _PER_STEP_ENTRIES and value.shape[2] < length:
+      flat[path] = jnp.pad(value, ((0, 0), (0, 0), (0, length - value.shape[2]), (0, 0)))
+  return traverse_util.unflatten_dict(flat)
 
 
 def split_cache(cache) -> tuple[dict, dict]:
@@ -112,13 +131,16 @@ def decode_batch(
     max_decode_len: static output length; each row also stops at its own
       input length + options.max_extra_len.
   """
+  cache_lengths = search.doubling_lengths(max_decode_len) if options.growing_cache else ()
   encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
-  cache = init_cache(model, params, encoded, src_tokens, max_decode_len)
+  cache = init_cache(model, params, encoded, src_tokens,
+                     cache_lengths[0] if cache_lengths else max_decode_len)
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
   batch_size = src_tokens.shape[0]
   common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths, eos_id=EOS_ID,
-                bos_id=BOS_ID, ignore_eos=options.ignore_eos)
+                bos_id=BOS_ID, ignore_eos=options.ignore_eos, cache_lengths=cache_lengths,
+                grow_cache=grow_cache if cache_lengths else None)
   if options.method == "beam":
     # The beams of a sentence share its cross-attention keys/values: only
     # the self-attention caches are repeated per beam and reordered.

@@ -15,11 +15,17 @@ are passed through unchanged.
 
 Outputs hold the generated tokens without BOS, up to and including EOS, and
 PAD after it; a sentence ends at EOS or after `max_lengths[b]` tokens.
+
+A growing cache: with `cache_lengths` (increasing, the last one
+`max_decode_len`) and `grow_cache(cache, length) -> cache`, the search runs
+one while loop per length; before the loop that ends at step L the cache is
+grown to L positions, so early steps read (and beam search reorders) a short
+cache. The results equal those of one loop over a full-length cache.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +36,37 @@ from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 PyTree = Any
 TokensToLogits = Callable[[jax.Array, PyTree, jax.Array],
                           tuple[jax.Array, PyTree]]
+GrowCache = Callable[[PyTree, int], PyTree]
+
+
+def doubling_lengths(max_decode_len: int, first: int = 16) -> tuple[int, ...]:
+  """Cache lengths first, 2·first, 4·first, ... up to max_decode_len (the last one)."""
+  lengths = []
+  length = first
+  while length < max_decode_len:
+    lengths.append(length)
+    length *= 2
+  return tuple(lengths) + (max_decode_len,)
+
+
+def _while_in_phases(cond_fn, body_fn, state, max_decode_len: int,
+                     cache_lengths: Sequence[int], grow_cache: GrowCache | None):
+  """`lax.while_loop(cond_fn, body_fn, state)`, one loop per cache length.
+
+  `state` is a NamedTuple with `step` and `cache`; the loop for length L
+  stops at step L, after the cache was grown to L positions.
+  """
+  if grow_cache is None or not cache_lengths:
+    return jax.lax.while_loop(cond_fn, body_fn, state)
+  lengths = [int(length) for length in cache_lengths]
+  if lengths != sorted(set(lengths)) or lengths[0] < 1 or lengths[-1] != max_decode_len:
+    raise ValueError(f"cache_lengths={lengths} must increase from >= 1 to "
+                     f"max_decode_len={max_decode_len}")
+  for length in cache_lengths:
+    state = state._replace(cache=grow_cache(state.cache, length))
+    state = jax.lax.while_loop(
+        lambda s, length=length: cond_fn(s) & (s.step < length), body_fn, state)
+  return state
 
 
 def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
@@ -143,7 +180,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 eos_id: int = EOS_ID,
                 bos_id: int = BOS_ID,
                 ignore_eos: bool = False,
-                early_stopping: bool = True) -> tuple[jax.Array, jax.Array]:
+                early_stopping: bool = True,
+                cache_lengths: Sequence[int] = (),
+                grow_cache: GrowCache | None = None) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty (paper §6.1), best first.
 
   Each step extends the alive beams, keeps the 2*beam best candidates, moves
@@ -169,6 +208,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
       log-probability by the largest possible penalty lp(max_lengths[b]),
       which is exact because log-probabilities only fall and lp grows with
       length (alpha >= 0). Results equal those with `early_stopping=False`.
+    cache_lengths, grow_cache: a growing cache (module docstring).
 
   Returns:
     sequences: int32[batch, beam, max_decode_len], tokens after EOS are PAD.
@@ -271,7 +311,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     return _BeamState(t + 1, alive_seqs, alive_logprobs, finished_seqs,
                       finished_scores, done, cache)
 
-  state = jax.lax.while_loop(cond_fn, body_fn, state)
+  state = _while_in_phases(cond_fn, body_fn, state, max_decode_len, cache_lengths,
+                           grow_cache)
 
   any_finished = state.finished_scores[:, 0] > neg_inf  # [batch]
   alive_scores = state.alive_logprobs / length_penalty(
@@ -288,35 +329,43 @@ def beam_search(tokens_to_logits: TokensToLogits,
 # Greedy search and sampling: one token per step.
 
 
+class _StepState(NamedTuple):
+  step: jax.Array  # int32[]: tokens generated so far.
+  seqs: jax.Array  # int32[batch, max_decode_len].
+  last: jax.Array  # int32[batch]: the latest token (BOS at first).
+  done: jax.Array  # bool[batch].
+  cache: PyTree  # leaves [batch, ...].
+
+
 def _decode_one_per_step(
     tokens_to_logits: TokensToLogits, cache: PyTree, rng: jax.Array,
     choose: Callable[[jax.Array, jax.Array], jax.Array], batch_size: int,
     max_decode_len: int, max_lengths: jax.Array | None, eos_id: int,
-    bos_id: int, ignore_eos: bool) -> jax.Array:
+    bos_id: int, ignore_eos: bool, cache_lengths: Sequence[int],
+    grow_cache: GrowCache | None) -> jax.Array:
   """Decodes with `choose(logits[batch, vocab], rng) -> int32[batch]`."""
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
 
-  def cond_fn(s):
-    step, _, _, done, _ = s
-    return (step < max_decode_len) & ~jnp.all(done)
+  def cond_fn(s: _StepState) -> jax.Array:
+    return (s.step < max_decode_len) & ~jnp.all(s.done)
 
-  def body_fn(s):
-    step, seqs, last, done, cache = s
-    logits, cache = tokens_to_logits(last[:, None], cache, step)
-    token = choose(logits.astype(jnp.float32), jax.random.fold_in(rng, step))
-    token = jnp.where(done, PAD_ID, token.astype(jnp.int32))
-    seqs = seqs.at[:, step].set(token)
-    done = done | (step + 1 >= max_lengths)
+  def body_fn(s: _StepState) -> _StepState:
+    logits, cache = tokens_to_logits(s.last[:, None], s.cache, s.step)
+    token = choose(logits.astype(jnp.float32), jax.random.fold_in(rng, s.step))
+    token = jnp.where(s.done, PAD_ID, token.astype(jnp.int32))
+    seqs = s.seqs.at[:, s.step].set(token)
+    done = s.done | (s.step + 1 >= max_lengths)
     if not ignore_eos:
       done |= token == eos_id
-    return step + 1, seqs, token, done, cache
+    return _StepState(s.step + 1, seqs, token, done, cache)
 
-  state = (jnp.int32(0),
-           jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
-           jnp.full((batch_size,), bos_id, jnp.int32),
-           max_lengths <= 0,
-           cache)
-  return jax.lax.while_loop(cond_fn, body_fn, state)[1]
+  state = _StepState(jnp.int32(0),
+                     jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
+                     jnp.full((batch_size,), bos_id, jnp.int32),
+                     max_lengths <= 0,
+                     cache)
+  return _while_in_phases(cond_fn, body_fn, state, max_decode_len, cache_lengths,
+                          grow_cache).seqs
 
 
 def greedy_search(tokens_to_logits: TokensToLogits,
@@ -326,7 +375,9 @@ def greedy_search(tokens_to_logits: TokensToLogits,
                   max_lengths: jax.Array | None = None,
                   eos_id: int = EOS_ID,
                   bos_id: int = BOS_ID,
-                  ignore_eos: bool = False) -> jax.Array:
+                  ignore_eos: bool = False,
+                  cache_lengths: Sequence[int] = (),
+                  grow_cache: GrowCache | None = None) -> jax.Array:
   """Greedy decoding: int32[batch, max_decode_len], PAD after EOS.
 
   The cache leaves have leading dimension batch. The loop stops as soon as
@@ -337,7 +388,7 @@ def greedy_search(tokens_to_logits: TokensToLogits,
   choose = lambda logits, rng: first_argmax(logits)
   return _decode_one_per_step(tokens_to_logits, cache, jax.random.key(0),
                               choose, batch_size, max_decode_len, max_lengths,
-                              eos_id, bos_id, ignore_eos)
+                              eos_id, bos_id, ignore_eos, cache_lengths, grow_cache)
 
 
 def sample(tokens_to_logits: TokensToLogits,
@@ -350,7 +401,9 @@ def sample(tokens_to_logits: TokensToLogits,
            top_k: int = 0,
            eos_id: int = EOS_ID,
            bos_id: int = BOS_ID,
-           ignore_eos: bool = False) -> jax.Array:
+           ignore_eos: bool = False,
+           cache_lengths: Sequence[int] = (),
+           grow_cache: GrowCache | None = None) -> jax.Array:
   """Ancestral sampling: int32[batch, max_decode_len], PAD after EOS.
 
   Samples from softmax(logits / temperature), restricted to the `top_k`
@@ -368,4 +421,4 @@ def sample(tokens_to_logits: TokensToLogits,
 
   return _decode_one_per_step(tokens_to_logits, cache, rng, choose,
                               batch_size, max_decode_len, max_lengths, eos_id,
-                              bos_id, ignore_eos)
+                              bos_id, ignore_eos, cache_lengths, grow_cache)
