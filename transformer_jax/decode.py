@@ -143,7 +143,7 @@ def decode_batch(
   batch_size = src_tokens.shape[0]
   common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths, eos_id=EOS_ID,
                 bos_id=BOS_ID, ignore_eos=options.ignore_eos, cache_lengths=cache_lengths,
-                grow_cache=grow_cache if cache_lengths else None)
+                grow_cache=grow_cache)  # No cache_lengths: one loop, grow_cache unused.
   if options.method == "beam":
     # The beams of a sentence share its cross-attention keys/values: only
     # the self-attention caches are repeated per beam and reordered.
