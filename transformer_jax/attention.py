@@ -316,7 +316,9 @@ class MultiHeadAttention(nn.Module):
         query.dtype
     )
     weights = masked_softmax(logits, mask)
-    attended = self._matmul("bhqk,bhkd->bqhd", weights, value, False)
+    # Product as [b, h, q, d], then transposed: asked for "->bqhd" directly, XLA:CPU computed
+    # the beams' cross-attention as Vᵀ·Wᵀ in a generic dot, 5x slower (6 % of beam search).
+    attended = self._matmul("bhqk,bhkd->bhqd", weights, value, False).transpose(0, 2, 1, 3)
     return attended.reshape(rows, q_len, self.num_heads, self.d_v)
 
   def _update_self_attention_cache(
