@@ -174,5 +174,6 @@ if __name__ == "__main__":
   from transformer_jax import cli
 
   cli.keep_freed_host_memory()
+  cli.enable_compilation_cache()  # A repeated decode of the same shapes does not compile again.
   define_flags()
   app.run(main, flags_parser=cli.parse_flags)

@@ -113,16 +113,20 @@ def keep_freed_host_memory() -> None:
 
 
 def enable_compilation_cache() -> None:
-  """Reuses compiled steps across runs (a resumed run does not compile again).
+  """Reuses compiled programs across runs: a resumed run does not compile its step again,
+  and a second translate/evaluate job does not compile its decoding loops again.
 
-  $JAX_COMPILATION_CACHE_DIR wins; else ~/.cache/transformer_jax/xla.
+  $JAX_COMPILATION_CACHE_DIR wins; else $TRANSFORMER_JAX_CACHE_DIR/xla, else
+  ~/.cache/transformer_jax/xla (the root that prepared data uses too).
   """
   import jax
+  from transformer_jax.data.text_files import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
 
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    cache = os.path.join(os.path.expanduser("~"), ".cache", "transformer_jax", "xla")
-    jax.config.update("jax_compilation_cache_dir", cache)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    root = os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
+    jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.expanduser(root), "xla"))
+  if not os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def config_and_workdir():
