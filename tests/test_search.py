@@ -425,6 +425,20 @@ def test_first_argmax_equals_argmax_including_ties():
                                 np.argmax(values, axis=-1))
 
 
+@pytest.mark.parametrize("vocab", [3072, 32000])
+def test_blocked_first_argmax_equals_argmax_including_ties_across_blocks(vocab):
+  """Rows the blocks divide: the maximum repeated within and across blocks, or unique."""
+  rng = np.random.default_rng(1)
+  ties = rng.integers(0, 3, size=(8, vocab)).astype(np.float32)  # Each block holds the max.
+  ties[0, :] = 1.0  # All equal: index 0.
+  ties[1, :] = 0.0
+  ties[1, -1] = 2.0  # The maximum only in the last block's last entry.
+  unique = rng.standard_normal((4, 2, vocab)).astype(np.float32)
+  for values in (ties, unique):
+    np.testing.assert_array_equal(search.first_argmax(jnp.asarray(values)),
+                                  np.argmax(values, axis=-1))
+
+
 def test_beam_search_with_blocked_top_k_equals_plain_top_k(monkeypatch):
   """A vocabulary big enough for the blocked top-k gives the plain top-k's beams."""
   vocab, max_len = 640, 5

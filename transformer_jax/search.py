@@ -78,13 +78,26 @@ def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
   return jnp.power((5.0 + jnp.asarray(length, jnp.float32)) / 6.0, alpha)
 
 
-def first_argmax(values: jax.Array) -> jax.Array:
-  """jnp.argmax over the last axis (the lowest index among equal maxima), as two plain reductions.
+def first_argmax(values: jax.Array, block: int = 128) -> jax.Array:
+  """jnp.argmax over the last axis (the lowest index among equal maxima), vectorised.
 
   XLA:CPU lowers argmax to one (value, index) reduction that it does not
-  vectorise: 4.6 ms for [64, 32000] against 1.2 ms for a max, then a min over
-  the indices that hold it. float[..., n] -> int32[...].
+  vectorise: 4.6 ms for [64, 32000] against 1.2 ms for a max. Here one max
+  over blocks of `block` entries reads the row once; the first block holding
+  the row's maximum holds its first index, and only that block is searched
+  again. float[..., n] -> int32[...].
   """
+  n = values.shape[-1]
+  if n % block or n // block < 2:
+    return _first_max_index(values)
+  blocks = values.reshape(values.shape[:-1] + (n // block, block))
+  best_block = _first_max_index(jnp.max(blocks, axis=-1))
+  chosen = jnp.take_along_axis(blocks, best_block[..., None, None], axis=-2)[..., 0, :]
+  return best_block * block + _first_max_index(chosen)
+
+
+def _first_max_index(values: jax.Array) -> jax.Array:
+  """The first index of the maximum over the last axis, as two plain reductions."""
   maximum = jnp.max(values, axis=-1, keepdims=True)
   index = jax.lax.broadcasted_iota(jnp.int32, values.shape, values.ndim - 1)
   first = jnp.min(jnp.where(values == maximum, index, values.shape[-1]), axis=-1)
