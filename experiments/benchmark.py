@@ -63,7 +63,8 @@ flags.DEFINE_integer("beam_size", 4, "Beam size; greedy search is timed too (1: 
 flags.DEFINE_integer("decode_steps", 40, "New tokens per sentence (EOS ignored).")
 flags.DEFINE_integer("decode_repeats", 3, "Timed decoding calls per method; the median is reported.")
 flags.DEFINE_bool("growing_cache", None, "Decode with a growing self-attention cache "
-                  "(DecodeOptions.growing_cache); unset: the package's default.")
+                  "(DecodeOptions.growing_cache); unset: the package's default (on for beam "
+                  "search, off for greedy).")
 flags.DEFINE_bool("attention", False, "Benchmark attention against sequence length.")
 flags.DEFINE_list("attention_lengths", "128,256,512,1024,2048,4096,8192", "Sequence lengths.")
 flags.DEFINE_list("attention_impls", "", "Implementations; default plain,xla (+cudnn on GPU).")
@@ -387,8 +388,7 @@ def benchmark_decoding(config) -> Result:
   for method, beam_size in methods:
     options = DecodeOptions(method=method, beam_size=beam_size, ignore_eos=True,
                             max_extra_len=FLAGS.decode_steps - FLAGS.src_len,
-                            **({} if FLAGS.growing_cache is None
-                               else dict(growing_cache=FLAGS.growing_cache)))
+                            growing_cache=FLAGS.growing_cache)
     translator = Translator(model, params, mesh, options)
     start = time.perf_counter()
     out = translator(src)
@@ -416,7 +416,7 @@ def benchmark_decoding(config) -> Result:
         sentences_per_s=FLAGS.batch_size / seconds,
         tokens_per_s=FLAGS.batch_size * FLAGS.decode_steps / seconds,
         first_call_s=first_s,  # Compiling + one run: on a loaded host the difference is noise.
-        growing_cache=options.growing_cache,
+        growing_cache=options.grows_cache,
         distinct_tokens=int(len(np.unique(out))),
     )
   memory, memory_source = peak_memory()

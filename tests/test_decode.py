@@ -89,6 +89,14 @@ def test_growing_cache_decodes_what_the_full_length_cache_decodes(model_and_para
     assert (lengths == (SRC != 0).sum(-1) + 34).all() and lengths.min() > 32
 
 
+def test_growing_cache_is_on_by_default_for_beam_search_only():
+  assert decode.DecodeOptions().grows_cache
+  assert not decode.DecodeOptions(method="greedy").grows_cache
+  assert not decode.DecodeOptions(method="sample").grows_cache
+  assert not decode.DecodeOptions(growing_cache=False).grows_cache
+  assert decode.DecodeOptions(method="greedy", growing_cache=True).grows_cache
+
+
 def test_growing_cache_keeps_beam_scores(model_and_params):
   """Beam scores (log P / lp) of every beam, not only the best tokens, are the same."""
   from transformer_jax import search

@@ -39,12 +39,18 @@ class DecodeOptions:
   top_k: int = 0
   ignore_eos: bool = False  # Benchmarks: always decode to the maximum length.
   # The self-attention cache starts at 16 positions and doubles (one compiled loop per
-  # length), so early steps attend over and reorder a short cache; False: one loop
-  # over a cache of the maximum length. Same outputs either way. Off by default: it
-  # pays where one batch shape is decoded many times (greedy -8 to -23 %, beam -8 % in
-  # the base benchmark), but each shape compiles several loops, so a one-off decode of
-  # many shapes is slower (Multi30k val, greedy: 20.0 s against 11.9 s).
-  growing_cache: bool = False
+  # length), so early steps attend over, and beam search reorders, a short cache; False:
+  # one loop over a cache of the maximum length. Same outputs either way. None: on for
+  # beam search, off otherwise. On Multi30k val (1,014 sentences, several batch shapes,
+  # d_model 256) beam 4 decoded in 31.6 s against 35.1 s including compiles, and 17.7 s
+  # against 24.7 s with the compiles cached; greedy, which reorders nothing, lost: 17.7 s
+  # against 9.9 s, 6.1 s against 4.5 s cached (benchmarks/NOTES.md, session 10).
+  growing_cache: bool | None = None
+
+  @property
+  def grows_cache(self) -> bool:
+    """Whether decoding runs over a growing self-attention cache (`growing_cache` resolved)."""
+    return self.method == "beam" if self.growing_cache is None else self.growing_cache
 
   def __post_init__(self):
     if self.method not in ("beam", "greedy", "sample"):
@@ -134,7 +140,7 @@ def decode_batch(
     max_decode_len: static output length; each row also stops at its own
       input length + options.max_extra_len.
   """
-  cache_lengths = search.doubling_lengths(max_decode_len) if options.growing_cache else ()
+  cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
   encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
   cache = init_cache(model, params, encoded, src_tokens,
                      cache_lengths[0] if cache_lengths else max_decode_len)

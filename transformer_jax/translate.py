@@ -30,7 +30,8 @@ def define_flags() -> None:
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
   flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0: all).")
   flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "
-                    "positions as decoding goes (same outputs); unset: the package default.")
+                    "positions as decoding goes (same outputs); unset: on for beam search, "
+                    "off for greedy search and sampling.")
   flags.DEFINE_integer("tokens_per_batch", 4096, "Source tokens per decoding batch.")
   flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")
 
@@ -38,11 +39,10 @@ def define_flags() -> None:
 def decode_options():
   from transformer_jax.decode import DecodeOptions
 
-  growing = {} if FLAGS.growing_cache is None else dict(growing_cache=FLAGS.growing_cache)
   return DecodeOptions(
       method=FLAGS.method, beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
       max_extra_len=FLAGS.max_extra_len, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
-      **growing,
+      growing_cache=FLAGS.growing_cache,
   )
 
 
