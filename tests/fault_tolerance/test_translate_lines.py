@@ -26,15 +26,13 @@ def test_translate_keeps_its_compiled_decoding_under_the_package_cache_dir(unint
   environment = runner.env(TRANSFORMER_JAX_CACHE_DIR=tmp_path, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0)
   environment.pop("JAX_COMPILATION_CACHE_DIR", None)  # The test session's own cache otherwise.
   command = runner.module_command("translate", f"--workdir={uninterrupted}", "--beam_size=2")
-  outputs = []
+  outputs, cache_entries = [], []
   for _ in range(2):
     result = runner.run(command, timeout=runner.QUICK_TIMEOUT_S, stdin=b"the dog sees the cat .\n",
                         environment=environment)
     assert result.returncode == 0, result.stderr[-2000:]
     outputs.append(result.stdout)
-    cached = sorted(path.name for path in (tmp_path / "xla").iterdir())
-    assert cached, "translate wrote nothing to $TRANSFORMER_JAX_CACHE_DIR/xla"
-    if len(outputs) == 1:
-      first_entries = cached
-  assert cached == first_entries, "the second job compiled programs the first one had cached"
+    cache_entries.append(sorted(path.name for path in (tmp_path / "xla").iterdir()))
+  assert cache_entries[0], "translate wrote nothing to $TRANSFORMER_JAX_CACHE_DIR/xla"
+  assert cache_entries[1] == cache_entries[0], "the second job compiled programs the first one had cached"
   assert outputs[0] == outputs[1]
