@@ -48,7 +48,6 @@ def average_checkpoints(workdir: str, last: int) -> tuple[int, list[int]]:
     except UserError:
       raise
     except Exception as e:  # Orbax raises many types for damaged files.
-      checkpoints.silence_abandoned_reads()
       raise UserError(
           f"checkpoint {os.path.join(checkpoints.checkpoint_dir(workdir), str(step))} is unreadable "
           f"({type(e).__name__}); average fewer (--last) or move that folder away; nothing was written"

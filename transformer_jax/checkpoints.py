@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
 import jax
@@ -148,7 +149,6 @@ def restore_latest(
     except UserError:
       raise
     except Exception as e:  # Orbax raises many types for damaged files.
-      silence_abandoned_reads()
       path = os.path.join(str(manager.directory), str(step))
       message = " ".join(str(e).split())[:300]
       logging.warning("checkpoint %s is unreadable (%s)", path, message)
@@ -172,7 +172,9 @@ def silence_abandoned_reads() -> None:
   reading the others; when they are garbage-collected Python prints each of
   their errors as "Exception ignored in ..." with a traceback. The checkpoint
   has already been reported (one warning line), so those are dropped; every
-  other unraisable exception still reaches the previous hook.
+  other unraisable exception still reaches the previous hook. Installed before
+  each read, not after a failure: the abandoned tasks can be freed (and logged)
+  while the error is still propagating out of Orbax.
   """
   previous = sys.unraisablehook
   if getattr(previous, "_drops_abandoned_reads", False):
@@ -194,8 +196,18 @@ def silence_abandoned_reads() -> None:
 
 
 def _drop_abandoned_orbax_tasks(record) -> bool:
-  message = str(record.msg)
-  return not ("never retrieved" in message and "orbax" in message)
+  """False for asyncio's "... exception was never retrieved" about a checkpoint read.
+
+  Those come as Tasks (whose repr names the Orbax coroutine), as gathering
+  futures of them, and as TensorStore futures: their messages name Orbax, a
+  TensorStore spec or an OCDBT file, or their tracebacks pass through Orbax.
+  """
+  message = record.getMessage()
+  if "never retrieved" not in message:
+    return True
+  if record.exc_info and record.exc_info[2] is not None:
+    message += " ".join(frame.filename for frame in traceback.extract_tb(record.exc_info[2]))
+  return not any(marker in message for marker in ("orbax", "TensorStore", "OCDBT"))
 
 
 def _set_aside(manager: ocp.CheckpointManager, paths: list[str]) -> None:
@@ -228,6 +240,7 @@ def restore_step(
   """
   if check_meta is not None:
     check_meta(read_meta(manager, step))
+  silence_abandoned_reads()  # Before the read: a failed read's tasks may be freed inside it.
   items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
   has_data = with_data and os.path.isdir(os.path.join(str(manager.directory), str(step), "data"))
   if has_data:
