@@ -135,7 +135,11 @@ def _low_precision_product(
   - batched products (shared indices, as in attention) put first the operand
     whose shared indices lead; the other order hit an unsupported dot there.
   - matrix products contracting both operands' first axes (weight gradients,
-    Xᵀ·G) physically transpose the operand that supplies the output's rows.
+    Xᵀ·G) physically transpose the operand that supplies the output's rows, or,
+    when that operand is by far the larger (the tied logits' gradient G [tokens,
+    vocab]), the other operand and the float32 result: on an Intel AMX host the
+    copy of G took 149 ms of a 1.4 s Multi30k step, and the step ran 1.21x as
+    many tokens a second without it (benchmarks/NOTES.md, session 12).
   """
   (first_subscripts, first_operand), (second_subscripts, second_operand) = first, second
   shared = set(first_subscripts) & set(second_subscripts) & set(output)
@@ -149,6 +153,19 @@ def _low_precision_product(
       # Output rows come from `rows_from`; its contracted axis goes last.
       rows_from, other = (first, second) if output[0] in first_subscripts else (second, first)
       rows_subscripts, rows_operand = rows_from
+      other_subscripts, other_operand = other
+      result_elements = rows_operand.shape[1] * other_operand.shape[1]
+      if (other_operand.size + result_elements < rows_operand.size
+          and other_operand.shape[0] % 8 == 0 and other_operand.shape[1] % 8 == 0):
+        # Cheaper to transpose the other operand and the float32 result: the shared
+        # logits' gradient Eᵀ = (Xᵀ·G)ᵀ copies 1M + 2M elements instead of G's 33M.
+        transposed = jnp.einsum(
+            f"{other_subscripts[::-1]},{rows_subscripts}->{output[::-1]}",
+            _physically_transposed(other_operand),
+            rows_operand,
+            preferred_element_type=jnp.float32,
+        )
+        return _physically_transposed(transposed)
       first = (rows_subscripts[::-1], _physically_transposed(rows_operand))
       second = other
   (first_subscripts, first_operand), (second_subscripts, second_operand) = first, second
