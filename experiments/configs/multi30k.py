@@ -35,8 +35,8 @@ for the last 3, 41.65 for the last 10 and 40.48 for the latest, at beam 8,
 α 1.5; then beam 4, α 1.5, chosen on val: 42.26), after 51 min 47 s of
 training (0.82 s a step). The goal is not met on test2016 (it is on val).
 On the slower EPYC of the earlier recipes (1.28 s a step) 3,800 steps take
-~80 minutes, and on an Intel Xeon with AMX (1.45 s a step) ~92: there,
-`--config.num_train_steps=2500` fits (measured here at
+~80 minutes, and on an Intel Xeon with AMX ~79 (1.24 s a step since session 12; 1.45 before): there,
+~2,900 steps fit the hour (`--config.num_train_steps=2900`; measured at
 2,500 steps, recipe v6: test2016 40.21, checkpoint chosen on val, beam 8,
 α 1.5). Against v3 (8 heads, ε_ls 0.1, 2,500 steps: test2016 39.82), 4 heads
 and ε_ls 0.2 keep the dev loss falling where v3's had flattened by step
