@@ -15,9 +15,10 @@ from transformer_jax.special_tokens import EOS_ID
 PRODUCTS = [
     ("md,dn->mn", (48, 16), (16, 24)),  # Dense, Q/K/V and output projections.
     # Tied pre-softmax projection: E's gradient comes as (Xᵀ·G)ᵀ (G is the larger operand),
-    # or, with a row count no multiple of 8, as Gᵀ·X.
+    # or as Gᵀ·X when G is the smaller (12 tokens) or X's 44 rows cannot be copied transposed.
     ("md,vd->mv", (48, 16), (40, 16)),
     ("md,vd->mv", (12, 16), (40, 16)),
+    ("md,vd->mv", (44, 16), (80, 16)),
     ("bqhd,bkhd->bhqk", (2, 8, 4, 16), (2, 8, 4, 16)),  # QKᵀ.
     ("bhqk,bkhd->bqhd", (2, 4, 8, 8), (2, 8, 4, 16)),  # weights · V.
 ]

@@ -111,6 +111,10 @@ def _check_subscripts(subscripts: str) -> tuple[str, str, str]:
   return lhs, rhs, output
 
 
+# Rows are split into blocks of this many to make the 3-D view XLA does not fold.
+_TRANSPOSE_BLOCK = 8
+
+
 def _physically_transposed(matrix: Array) -> Array:
   """matrix[m, d] -> [d, m] as a real copy.
 
@@ -121,9 +125,10 @@ def _physically_transposed(matrix: Array) -> Array:
   [2048, 1024] here).
   """
   rows, cols = matrix.shape
-  if rows % 8:
+  if rows % _TRANSPOSE_BLOCK:
     return matrix.T
-  return jnp.transpose(matrix.reshape(rows // 8, 8, cols), (2, 0, 1)).reshape(cols, rows)
+  blocks = matrix.reshape(rows // _TRANSPOSE_BLOCK, _TRANSPOSE_BLOCK, cols)
+  return jnp.transpose(blocks, (2, 0, 1)).reshape(cols, rows)
 
 
 def _low_precision_product(
@@ -142,6 +147,7 @@ def _low_precision_product(
     many tokens a second without it (benchmarks/NOTES.md, session 12).
   """
   (first_subscripts, first_operand), (second_subscripts, second_operand) = first, second
+  transpose_result = False
   shared = set(first_subscripts) & set(second_subscripts) & set(output)
   if shared:
     leading = lambda subscripts: set(subscripts[: len(shared)]) == shared
@@ -156,25 +162,25 @@ def _low_precision_product(
       other_subscripts, other_operand = other
       result_elements = rows_operand.shape[1] * other_operand.shape[1]
       if (other_operand.size + result_elements < rows_operand.size
-          and other_operand.shape[0] % 8 == 0 and other_operand.shape[1] % 8 == 0):
+          and other_operand.shape[0] % _TRANSPOSE_BLOCK == 0
+          and other_operand.shape[1] % _TRANSPOSE_BLOCK == 0):
         # Cheaper to transpose the other operand and the float32 result: the shared
         # logits' gradient Eᵀ = (Xᵀ·G)ᵀ copies 1M + 2M elements instead of G's 33M.
-        transposed = jnp.einsum(
-            f"{other_subscripts[::-1]},{rows_subscripts}->{output[::-1]}",
-            _physically_transposed(other_operand),
-            rows_operand,
-            preferred_element_type=jnp.float32,
-        )
-        return _physically_transposed(transposed)
-      first = (rows_subscripts[::-1], _physically_transposed(rows_operand))
-      second = other
+        # Both copies are real ones: with plain .T here XLA:CPU failed at run time
+        # ("Unsupported element type for DotThunk: BF16 x BF16 = F32").
+        first = (other_subscripts[::-1], _physically_transposed(other_operand))
+        second, output, transpose_result = rows_from, output[::-1], True
+      else:
+        first = (rows_subscripts[::-1], _physically_transposed(rows_operand))
+        second = other
   (first_subscripts, first_operand), (second_subscripts, second_operand) = first, second
-  return jnp.einsum(
+  product = jnp.einsum(
       f"{first_subscripts},{second_subscripts}->{output}",
       first_operand,
       second_operand,
       preferred_element_type=jnp.float32,
   )
+  return _physically_transposed(product) if transpose_result else product
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
