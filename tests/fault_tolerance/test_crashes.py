@@ -81,3 +81,18 @@ def test_sigterm_saves_the_current_step_exits_0_and_resumes_exactly(prepared_dir
   assert f"resumed from step {step}" in rerun.stderr, rerun.describe()
   runner.assert_states_bitwise_equal(workdir, uninterrupted)
   runner.assert_same_metrics(workdir, uninterrupted)
+
+
+def test_sigterm_is_answered_within_a_step_of_the_device(prepared_dir, tmp_path):
+  """The host may not queue steps far ahead of the device: a preempted job has seconds, and
+  every queued step must finish before the save. The SIGTERM comes as step 6 finishes on the
+  device; the next sync the loop would otherwise make is the log at step 10."""
+  signal_step = 6
+  result = runner.run([sys.executable, "tests/fault_tolerance/sigterm_at_device_step.py",
+                       str(signal_step), *runner.base_flags(prepared_dir),
+                       f"--workdir={tmp_path / 'run'}"])
+  assert result.returncode == 0, result.describe()
+  assert f"SIGTERM as step {signal_step} finished" in result.stderr, result.describe()
+  saved = re.search(r"SIGTERM: saved step (\d+)", result.stderr)
+  assert saved, result.describe()
+  assert signal_step <= int(saved.group(1)) <= signal_step + 1, result.describe()
