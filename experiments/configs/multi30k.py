@@ -39,7 +39,8 @@ On the slower EPYC of the earlier recipes (1.28 s a step) 3,800 steps take
 ~2,900 steps fit the hour (`--config.num_train_steps=2900`; measured at
 2,500 steps, recipe v6: test2016 40.21, checkpoint chosen on val, beam 8,
 α 1.5). Such hosts vary: on 2026-12-03 one ran 1.6–2.0 s a step, the hour
-held 2,100 steps (57 min 52 s) and test2016 scored 39.80 (val 40.95). Against v3 (8 heads, ε_ls 0.1, 2,500 steps: test2016 39.82), 4 heads
+held 2,100 steps (57 min 52 s) and test2016 scored 39.80 (val 40.95).
+Against v3 (8 heads, ε_ls 0.1, 2,500 steps: test2016 39.82), 4 heads
 and ε_ls 0.2 keep the dev loss falling where v3's had flattened by step
 2,200, so the extra steps still pay. Details, the curve and every earlier
 recipe (36.58, 38.70, 39.82; seven that lost on val,

@@ -12,6 +12,7 @@ import time
 from fault_tolerance import runner
 
 KILL_AFTER_SAVE = "tests/fault_tolerance/kill_after_save.py"
+SIGTERM_AT_DEVICE_STEP = "tests/fault_tolerance/sigterm_at_device_step.py"
 
 
 def _kill_after_save(step: int, workdir, prepared_dir) -> runner.Result:
@@ -88,9 +89,8 @@ def test_sigterm_is_answered_within_a_step_of_the_device(prepared_dir, tmp_path)
   every queued step must finish before the save. The SIGTERM comes as step 6 finishes on the
   device; the next sync the loop would otherwise make is the log at step 10."""
   signal_step = 6
-  result = runner.run([sys.executable, "tests/fault_tolerance/sigterm_at_device_step.py",
-                       str(signal_step), *runner.base_flags(prepared_dir),
-                       f"--workdir={tmp_path / 'run'}"])
+  result = runner.run([sys.executable, SIGTERM_AT_DEVICE_STEP, str(signal_step),
+                       *runner.base_flags(prepared_dir), f"--workdir={tmp_path / 'run'}"])
   assert result.returncode == 0, result.describe()
   assert f"SIGTERM as step {signal_step} finished" in result.stderr, result.describe()
   saved = re.search(r"SIGTERM: saved step (\d+)", result.stderr)
