@@ -28,7 +28,6 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import ml_collections
+from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_FILE = "ablation_row.json"
@@ -47,11 +47,9 @@ LAUNCHERS = ("local", "subprocess", "print", "report")
 
 def load_table3():
   """experiments/configs/table3.py as a module (configs are not a package)."""
-  path = REPO_ROOT / "experiments" / "configs" / "table3.py"
-  spec = importlib.util.spec_from_file_location("table3", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  from transformer_jax.configs import load_module
+
+  return load_module(REPO_ROOT / "experiments" / "configs" / "table3.py", "config_table3")
 
 
 @dataclasses.dataclass
@@ -145,9 +143,11 @@ def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
               command: list[str]) -> None:
   """Trains (or resumes) one row to config.num_train_steps."""
   if launcher == "local":
-    from transformer_jax.train import train_and_evaluate
+    from transformer_jax.tasks.registry import make_task
+    from transformer_jax.training.loop import train_and_evaluate
 
-    train_and_evaluate(copy.deepcopy(config), os.fspath(workdir))
+    config = copy.deepcopy(config)
+    train_and_evaluate(config, os.fspath(workdir), make_task(config))
   else:
     subprocess.run(command, check=True, cwd=REPO_ROOT)
 
@@ -156,10 +156,10 @@ def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: 
               bleu_metric: str) -> dict:
   """Dev PPL (from train's last evaluation), dev BLEU and the parameter count."""
   from transformer_jax.data.pipeline import load_dataset
-  from transformer_jax.decode import DecodeOptions
-  from transformer_jax.evaluate import evaluate_texts
-  from transformer_jax.inference import load_run
-  from transformer_jax.model_info import parameter_counts
+  from transformer_jax.decode.translator import DecodeOptions
+  from transformer_jax.model.info import parameter_counts
+  from transformer_jax.tasks.registry import load_run
+  from transformer_jax.tasks.translation import evaluate_texts
 
   metrics = read_metrics(workdir)
   dev = [r for r in metrics if r["split"] == "eval" and r["step"] == config.num_train_steps][-1]
@@ -172,8 +172,7 @@ def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: 
     sources, references = data.texts(data.eval_split)
     if bleu_sentences > 0:
       sources, references = sources[:bleu_sentences], references[:bleu_sentences]
-    options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
-                            max_extra_len=config.max_decode_extra_len)
+    options = DecodeOptions.from_config(config)
     scores, _ = evaluate_texts(run, sources, references, options)
     result.update(dev_bleu=scores[bleu_metric], scores=scores, bleu_split=data.eval_split)
   return result
@@ -193,7 +192,9 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
   sweep_dir.mkdir(parents=True, exist_ok=True)
   configs = {row.name: row_config(base, row) for row in rows}
   results, commands = {}, []
-  for row in rows:
+  # One bar for the sweep on a terminal (rate, ETA), nothing in a log file.
+  for row in tqdm(rows, desc=f"sweep {sweep_dir.name}", unit=" rows", disable=None,
+                  file=sys.stderr):
     config, workdir = configs[row.name], runs_dir / row.name
     done = finished_result(workdir, config)
     if done is not None:
@@ -237,7 +238,7 @@ COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "train 
 
 
 def _row_values(config) -> list[str]:
-  from transformer_jax.model_config import ModelConfig
+  from transformer_jax.model.config import ModelConfig
 
   m = ModelConfig.from_config(config.model)
   layers = (str(m.num_encoder_layers) if m.num_encoder_layers == m.num_decoder_layers
@@ -322,9 +323,9 @@ def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
 def define_flags() -> None:
   from absl import flags
 
-  from transformer_jax import cli
+  from transformer_jax.cli import common
 
-  cli.define_run_flags()
+  common.define_run_flags()
 
   flags.DEFINE_string("sweep", None, "Sweep name: results/<sweep>/ and runs/<sweep>/.")
   flags.DEFINE_list("rows", [], "Table 3 rows (experiments/configs/table3.py ROWS), e.g. base,A1.")
@@ -343,7 +344,7 @@ def main(argv: list[str]) -> None:
   from absl import flags
   from ml_collections import config_flags
 
-  from transformer_jax import cli
+  from transformer_jax.cli import common
   from transformer_jax.errors import UserError
 
   if len(argv) > 1:
@@ -352,8 +353,8 @@ def main(argv: list[str]) -> None:
   if FLAGS.config is None or not FLAGS.sweep:
     raise UserError("--config and --sweep are required, e.g. --config="
                     "experiments/configs/table3.py:base,cpu --sweep=table3_cpu --rows=base,A1")
-  cli.quiet_libraries()
-  cli.enable_compilation_cache()
+  common.quiet_libraries()
+  common.enable_compilation_cache()
   spec = config_flags.get_config_filename(FLAGS["config"])
   scale = FLAGS.scale or ("cpu" if spec.endswith(",cpu") else "paper")
   base = FLAGS.config
@@ -377,9 +378,9 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
   from absl import app
 
-  from transformer_jax import cli
+  from transformer_jax.cli import common
   from transformer_jax.errors import exit_on_user_error
 
-  cli.keep_freed_host_memory()
+  common.keep_freed_host_memory()
   define_flags()
-  app.run(exit_on_user_error(main), flags_parser=cli.parse_flags)
+  app.run(exit_on_user_error(main), flags_parser=common.parse_flags)

@@ -232,10 +232,10 @@ def _model_summary(model_config) -> Result:
 
 
 def _check_batch(mesh) -> None:
-  from transformer_jax import parallel
+  from transformer_jax import sharding
   from transformer_jax.errors import UserError
 
-  shards = parallel.batch_shards(mesh)
+  shards = sharding.batch_shards(mesh)
   if FLAGS.batch_size % shards:
     raise UserError(f"--batch_size={FLAGS.batch_size} does not divide over {shards} batch "
                     f"shards; use a multiple of {shards}")
@@ -245,40 +245,37 @@ def _check_batch(mesh) -> None:
 
 
 def benchmark_training(config) -> Result:
-  """Times `train.compile_steps`'s step on a synthetic batch (no padding)."""
+  """Times the translation task's compiled train step on a synthetic batch (no padding)."""
   import jax
-  from flax import linen as nn
 
-  from transformer_jax import parallel, train
-  from transformer_jax.model import Transformer
-  from transformer_jax.model_info import parameter_counts
-  from transformer_jax.schedules import make_optimizer
+  from transformer_jax import sharding
+  from transformer_jax.model.config import ModelConfig
+  from transformer_jax.model.info import parameter_counts
+  from transformer_jax.tasks.translation import TranslationTask
+  from transformer_jax.training import loop
 
-  mesh = parallel.make_mesh(config.mesh)
+  mesh = sharding.make_mesh(config.mesh)
   _check_batch(mesh)
-  model = Transformer(config.model)
-  optimizer = make_optimizer(config)
+  model_config = ModelConfig.from_config(config.model)
   # The peak is measured before and after the steps and the higher kept, so a burst of
   # load during one measurement does not inflate MFU.
   peak_before = measure_matmul_peak(
-      model.config.matmul_dtype, FLAGS.peak_matmul_size, result_dtype=model.config.dtype)
+      model_config.matmul_dtype, FLAGS.peak_matmul_size, result_dtype=model_config.dtype)
   start = time.perf_counter()
-  state, shardings = train.create_train_state(model, optimizer, mesh, config.seed)
+  model, state, train_fn, _ = loop.build_steps(config, TranslationTask(config), mesh)
   jax.block_until_ready(state)
-  init_s = time.perf_counter() - start
+  init_s = time.perf_counter() - start  # Initialisation; the steps compile below.
   params = parameter_counts(state.params)["total"]
-  train_fn, _ = train.compile_steps(model, optimizer, config, mesh, shardings)
   vocab = model.config.vocab_size
-  batch = parallel.global_batch(dict(
+  batch = sharding.global_batch(dict(
       src_tokens=synthetic_tokens(FLAGS.batch_size, FLAGS.src_len, vocab, 1),
       target_tokens=synthetic_tokens(FLAGS.batch_size, FLAGS.tgt_len, vocab, 2),
   ), mesh)
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
-    # compile_steps wraps the jitted step (functools.wraps keeps it as __wrapped__):
-    # lowering it ahead of time separates compiling from running.
+  with sharding.mesh_context(mesh):
+    # Lowering the step ahead of time separates compiling from running.
     start = time.perf_counter()
-    compiled = train_fn.__wrapped__.lower(state, batch).compile()
+    compiled = train_fn.lower(state, batch).compile()
     compile_s = time.perf_counter() - start
     holder = dict(state=state)
 
@@ -362,16 +359,16 @@ def benchmark_decoding(config) -> Result:
   import numpy as np
   from flax import linen as nn
 
-  from transformer_jax import parallel
-  from transformer_jax.decode import DecodeOptions, Translator
+  from transformer_jax import sharding
+  from transformer_jax.decode.translator import DecodeOptions, Translator
   from transformer_jax.errors import UserError
-  from transformer_jax.model import Transformer
-  from transformer_jax.model_info import parameter_counts
+  from transformer_jax.model.transformer import Transformer
+  from transformer_jax.model.info import parameter_counts
 
   if FLAGS.decode_steps < FLAGS.src_len:
     raise UserError(f"--decode_steps={FLAGS.decode_steps} must be >= --src_len={FLAGS.src_len}: "
                     "Translator decodes up to input length + max_extra_len tokens")
-  mesh = parallel.make_mesh(config.mesh)
+  mesh = sharding.make_mesh(config.mesh)
   _check_batch(mesh)
   model = Transformer(config.model)
   tokens = jnp.ones((1, 8), jnp.int32)
@@ -446,7 +443,7 @@ def benchmark_attention() -> Result:
   import jax
   import jax.numpy as jnp
 
-  from transformer_jax.attention import dot_product_attention
+  from transformer_jax.model.attention import dot_product_attention
 
   on_cpu = jax.devices()[0].platform == "cpu"
   impls = FLAGS.attention_impls or (["plain", "xla"] + ([] if on_cpu else ["cudnn"]))
@@ -510,15 +507,11 @@ class Reference:
   """experiments/torch_reference.py loaded in this process, with its parsed arguments."""
 
   def __init__(self, argv: list[str]):
-    import importlib.util
-
+    from transformer_jax.configs import load_module
     from transformer_jax.errors import UserError
 
-    spec = importlib.util.spec_from_file_location(
-        "torch_reference", REPO_ROOT / "experiments" / "torch_reference.py")
-    self.module = importlib.util.module_from_spec(spec)
     try:
-      spec.loader.exec_module(self.module)
+      self.module = load_module(REPO_ROOT / "experiments" / "torch_reference.py")
     except ModuleNotFoundError as e:
       raise UserError(f"--compare needs the [bench] extra ({e}): "
                       "pip install torch==2.13.0 transformers") from None
@@ -721,8 +714,13 @@ def save_result(result: Result) -> pathlib.Path:
   return path
 
 
+GENERATED_MARKER = ("<!-- Everything below is generated by experiments/benchmark.py from "
+                    "benchmarks/results/*.json; do not edit it by hand. -->")
+
+
 def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
-  """benchmarks/README.md: every saved run, one table per mode."""
+  """benchmarks/README.md: the hand-written part above GENERATED_MARKER is kept; below it,
+  every saved run, one table per mode."""
   runs = []
   for path in sorted(results_dir.glob("*.json")):
     runs.extend(json.loads(path.read_text()).get("runs", []))
@@ -731,11 +729,12 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
   when = lambda r: f"{r['date']} {r.get('time', '')[:5]}".strip()
   load = lambda r: str(r.get("load_average", [""])[0])
   kind = lambda r: f"{r['device']['device_kind']}×{r['device']['devices']}"
+  written = summary.read_text() if summary.exists() else ""
+  head = written[: written.index(GENERATED_MARKER)] if GENERATED_MARKER in written else "# Benchmarks\n\n"
   lines = [
-      "# Benchmarks", "",
-      "Generated by `experiments/benchmark.py` from `benchmarks/results/*.json`; do not edit by",
-      "hand (findings, profiles and optimisation candidates are in `NOTES.md`). On the shared",
-      "2-core CPU hosts timings are noisy: `load` is the 1-minute load average at the run's start;",
+      head.rstrip("\n"), "", GENERATED_MARKER, "", "## Every run", "",
+      "Findings, profiles and optimisation candidates are in `NOTES.md`. On the shared 2-core",
+      "CPU hosts timings are noisy: `load` is the 1-minute load average at the run's start;",
       "comparisons marked `paired` alternate JAX and reference steps in one process.",
       "", "Reproduce:", "", "```",
       "python experiments/benchmark.py --config=experiments/configs/wmt14_base.py --batch_size=64 \\",
@@ -745,7 +744,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
       "    [--compare=marian]",
       "python experiments/benchmark.py --attention --json",
       "bash benchmarks/gpu_run.sh   # on a GPU: base and big in bf16, cuDNN attention, decoding",
-      "```", "", "## Training step", "",
+      "```", "", "### Training step", "",
       "| date | device | config | label | dtype | batch × (src+tgt) | step ms | target tok/s | "
       "MFU | compile s | peak MiB | torch tok/s | torch dtype | JAX/torch (median) | JAX/torch (best) "
       "| load | note |",
@@ -760,7 +759,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
         f"| {reference_dtype(r.get('torch'))} | {ratio(r.get('jax_over_torch'))} "
         f"| {ratio(r.get('jax_over_torch_best'))} "
         f"| {load(r)} | {r.get('note', '')} |")
-  lines += ["", "## Decoding (every sentence decodes exactly `decode_steps` tokens)", "",
+  lines += ["", "### Decoding (every sentence decodes exactly `decode_steps` tokens)", "",
             "| date | device | config | label | dtype | batch × src → new | method | sentences/s | "
             "tokens/s | Marian sentences/s | Marian dtype | JAX/Marian (median) | JAX/Marian (best) "
             "| load | note |",
@@ -776,7 +775,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
           f"| {_format(marian.get('sentences_per_s', ''))} | {reference_dtype(r.get('marian'))} "
           f"| {ratio(m.get('jax_over_marian'))} "
           f"| {ratio(m.get('jax_over_marian_best'))} | {load(r)} | {r.get('note', '')} |")
-  lines += ["", "## Attention against sequence length (forward / forward+backward)", "",
+  lines += ["", "### Attention against sequence length (forward / forward+backward)", "",
             "| date | device | impl | dtype | length | batch | fwd ms | fwd+bwd ms | "
             "fwd temp MiB | fwd+bwd temp MiB | note | load |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -803,7 +802,7 @@ def run(config) -> Result:
   import jax
 
   from transformer_jax.errors import UserError
-  from transformer_jax.model_config import ModelConfig
+  from transformer_jax.model.config import ModelConfig
 
   if FLAGS.prng_impl:
     jax.config.update("jax_default_prng_impl", FLAGS.prng_impl)
@@ -851,7 +850,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from transformer_jax import cli
+  from transformer_jax.cli import common
 
-  cli.keep_freed_host_memory()  # As the package's commands do (see cli.py); both sides share it.
+  common.keep_freed_host_memory()  # As the package's commands do (see common.py); both sides share it.
   app.run(main)

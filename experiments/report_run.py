@@ -69,21 +69,20 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   """Scores the run (see the module docstring) and writes the report files; returns the result."""
   from ablations import plot_curves, read_metrics  # experiments/ablations.py
 
-  from transformer_jax.average_checkpoints import average_checkpoints
+  from transformer_jax.decode.translator import DecodeOptions
   from transformer_jax.errors import UserError
-  from transformer_jax.data.pipeline import load_dataset
-  from transformer_jax.decode import DecodeOptions
-  from transformer_jax.evaluate import evaluate_texts
-  from transformer_jax.inference import load_run, read_config
+  from transformer_jax.tasks.registry import make_task
+  from transformer_jax.tasks.translation import evaluate_texts
+  from transformer_jax.training.run_dir import read_config
 
   config = read_config(workdir)
-  data = load_dataset(config.data)
+  task = make_task(config)
+  data = task.data
   dev_split = dev_split or data.eval_split
   test_split = test_split or config.final_eval_split
   metric = metric if metric != "auto" else ("tok_bleu" if config.data.dataset == "multi30k"
                                             else "paper_bleu")
-  options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
-                          max_extra_len=config.max_decode_extra_len)
+  options = DecodeOptions.from_config(config)
   counts = [average] if isinstance(average, int) else list(average)
   if any(count < 1 for count in counts):
     raise UserError(f"--average={','.join(map(str, counts))}: each count must be at least 1")
@@ -96,12 +95,12 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
     if name == "latest":
       return "latest"
     if on_disk["average"] != name:
-      _, averaged_steps[name] = average_checkpoints(workdir, int(name.split("_")[1]))
+      _, averaged_steps[name] = task.average_checkpoints(workdir, int(name.split("_")[1]))
       on_disk["average"] = name
     return "averaged"
 
   def score(name: str, split: str, options: DecodeOptions = options) -> dict:
-    run = load_run(workdir, checkpoint_for(name))
+    run = task.load_run(workdir, checkpoint_for(name))
     sources, references = data.texts(split)
     scores, _ = evaluate_texts(run, sources, references, options)
     scores.update(checkpoint=name, step=run.step, split=split, steps=averaged_steps[name],
@@ -171,9 +170,9 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from transformer_jax import cli
+  from transformer_jax.cli import common
 
-  cli.keep_freed_host_memory()
-  cli.enable_compilation_cache()  # A repeated decode of the same shapes does not compile again.
+  common.keep_freed_host_memory()
+  common.enable_compilation_cache()  # A repeated decode of the same shapes does not compile again.
   define_flags()
-  app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=common.parse_flags)

@@ -45,7 +45,7 @@ def data_dir() -> pathlib.Path:
 
 @pytest.fixture
 def tiny_model_config():
-  from transformer_jax.model_config import default_model_config
+  from transformer_jax.model.config import default_model_config
 
   config = default_model_config()
   config.update(dict(vocab_size=64, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=64))

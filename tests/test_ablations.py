@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 import time
 
 import pytest
+
+from transformer_jax import configs
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def load_module(relative: str):
   """A file of experiments/ as a module (registered, so its dataclasses resolve)."""
-  name = relative.replace("/", "_")[:-3]
-  spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relative)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
+  return configs.load_module(REPO_ROOT / relative, relative.replace("/", "_")[:-3])
 
 
 @pytest.fixture(scope="module")

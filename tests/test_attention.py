@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import attention
+from transformer_jax.model import attention
 
 
 def _reference_attention(query, key, value, mask):

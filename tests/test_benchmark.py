@@ -42,7 +42,7 @@ def test_training_benchmark_ends_in_json(tmp_path):
   assert result["target_tokens_per_s"] > 0
   saved = list((tmp_path / "results").glob("*.json"))
   assert len(saved) == 1, f"expected one results file, found {saved}"
-  assert "## Training step" in (tmp_path / "README.md").read_text()
+  assert "### Training step" in (tmp_path / "README.md").read_text()
 
 
 def test_decoding_benchmark_ends_in_json_and_profiles_each_method(tmp_path):

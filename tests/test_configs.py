@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import pathlib
-import sys
 
 from absl import flags
 from ml_collections import config_flags
 import pytest
 
-from transformer_jax.configs import validate_config
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.model_info import abstract_params, parameter_counts
+from transformer_jax.configs import load_module, validate_config
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.info import abstract_params, parameter_counts
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.tasks.translation import init_transformer
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs"
 CONFIG_FILES = sorted(CONFIG_DIR.glob("*.py"))
 
 
 def load(path: pathlib.Path):
-  name = f"config_{path.stem}"
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
+  return load_module(path, f"config_{path.stem}")
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +30,8 @@ def table3():
 
 @functools.cache
 def _millions(model_items: tuple) -> float:
-  return parameter_counts(abstract_params(dict(model_items)))["total"] / 1e6
+  init_params = functools.partial(init_transformer, Transformer(dict(model_items)))
+  return parameter_counts(abstract_params(init_params))["total"] / 1e6
 
 
 def millions(config) -> float:

@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import decode, parallel
-from transformer_jax.model import Transformer, shift_right
+from transformer_jax.decode import cache as kv_cache
+from transformer_jax.decode import translator
+from transformer_jax import sharding
+from transformer_jax.model.transformer import Transformer, shift_right
 from transformer_jax.special_tokens import EOS_ID
 
 SRC = jnp.array([[5, 6, 7, 8, 9, EOS_ID], [10, 11, 12, EOS_ID, 0, 0]])
@@ -16,7 +18,7 @@ SRC = jnp.array([[5, 6, 7, 8, 9, EOS_ID], [10, 11, 12, EOS_ID, 0, 0]])
 
 @pytest.fixture(scope="module")
 def model_and_params():
-  from transformer_jax.model_config import default_model_config
+  from transformer_jax.model.config import default_model_config
 
   config = default_model_config()
   config.update(dict(vocab_size=64, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=64))
@@ -34,8 +36,8 @@ def test_cached_decoding_equals_full_recomputation(model_and_params):
   @jax.jit
   def incremental(params):
     encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    cache = decode.init_cache(model, params, encoded, SRC, inputs.shape[1])
-    step_fn = decode.step_logits(model, params, SRC)
+    cache = kv_cache.init_cache(model, params, encoded, SRC, inputs.shape[1])
+    step_fn = kv_cache.step_logits(model, params, SRC)
     logits = []
     for step in range(inputs.shape[1]):
       step_logits, cache = step_fn(inputs[:, step : step + 1], cache, step)
@@ -50,18 +52,18 @@ def test_cached_decoding_equals_full_recomputation(model_and_params):
 
 def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy(model_and_params):
   """decode_batch keeps one cross-attention K/V row per sentence for all its beams."""
-  from transformer_jax import search
+  from transformer_jax.decode import search
 
   model, params = model_and_params
-  options = decode.DecodeOptions(beam_size=3, alpha=0.6)
+  options = translator.DecodeOptions(beam_size=3, alpha=0.6)
   max_len = 12
-  shared = jax.jit(lambda p: decode.decode_batch(model, p, SRC, options, max_len))(params)
+  shared = jax.jit(lambda p: translator.decode_batch(model, p, SRC, options, max_len))(params)
 
   @jax.jit
   def own_copies(params):
     encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    cache = decode.init_cache(model, params, encoded, SRC, max_len)  # Repeated per beam below.
-    step = decode.step_logits(model, params, search.expand_to_beams(SRC, options.beam_size))
+    cache = kv_cache.init_cache(model, params, encoded, SRC, max_len)  # Repeated per beam below.
+    step = kv_cache.step_logits(model, params, search.expand_to_beams(SRC, options.beam_size))
     max_lengths = jnp.minimum(jnp.sum(SRC != 0, -1) + options.max_extra_len, max_len)
     sequences, _ = search.beam_search(step, cache, SRC.shape[0], options.beam_size, options.alpha,
                                       max_decode_len=max_len, max_lengths=max_lengths)
@@ -78,10 +80,10 @@ def test_growing_cache_decodes_what_the_full_length_cache_decodes(model_and_para
   model, params = model_and_params
   outputs = {}
   for growing in (False, True):
-    options = decode.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=34,
+    options = translator.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=34,
                                    ignore_eos=ignore_eos, growing_cache=growing)
     outputs[growing] = np.asarray(jax.jit(
-        lambda p: decode.decode_batch(model, p, SRC, options, 40, jax.random.key(3)))(params))
+        lambda p: translator.decode_batch(model, p, SRC, options, 40, jax.random.key(3)))(params))
   np.testing.assert_array_equal(outputs[True], outputs[False])
   # Last non-PAD position + 1 (sampling may also draw PAD before it).
   lengths = 40 - np.argmax(outputs[True][:, ::-1] != 0, axis=-1)
@@ -90,16 +92,16 @@ def test_growing_cache_decodes_what_the_full_length_cache_decodes(model_and_para
 
 
 def test_growing_cache_is_on_by_default_for_beam_search_only():
-  assert decode.DecodeOptions().grows_cache
-  assert not decode.DecodeOptions(method="greedy").grows_cache
-  assert not decode.DecodeOptions(method="sample").grows_cache
-  assert not decode.DecodeOptions(growing_cache=False).grows_cache
-  assert decode.DecodeOptions(method="greedy", growing_cache=True).grows_cache
+  assert translator.DecodeOptions().grows_cache
+  assert not translator.DecodeOptions(method="greedy").grows_cache
+  assert not translator.DecodeOptions(method="sample").grows_cache
+  assert not translator.DecodeOptions(growing_cache=False).grows_cache
+  assert translator.DecodeOptions(method="greedy", growing_cache=True).grows_cache
 
 
 def test_growing_cache_keeps_beam_scores(model_and_params):
   """Beam scores (log P / lp) of every beam, not only the best tokens, are the same."""
-  from transformer_jax import search
+  from transformer_jax.decode import search
 
   model, params = model_and_params
 
@@ -107,12 +109,12 @@ def test_growing_cache_keeps_beam_scores(model_and_params):
   def beams(params, grow):
     encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
     lengths = search.doubling_lengths(40) if grow else ()
-    cache = decode.init_cache(model, params, encoded, SRC, lengths[0] if grow else 40)
-    per_row, per_sentence = decode.split_cache(cache)
-    step = decode.step_logits(model, params, SRC, per_sentence)
+    cache = kv_cache.init_cache(model, params, encoded, SRC, lengths[0] if grow else 40)
+    per_row, per_sentence = kv_cache.split_cache(cache)
+    step = kv_cache.step_logits(model, params, SRC, per_sentence)
     return search.beam_search(step, per_row, SRC.shape[0], 3, 0.6, max_decode_len=40,
                               ignore_eos=True, cache_lengths=lengths,
-                              grow_cache=decode.grow_cache if grow else None)
+                              grow_cache=kv_cache.grow_cache if grow else None)
 
   grown, full = beams(params, True), beams(params, False)
   np.testing.assert_array_equal(np.asarray(grown[0]), np.asarray(full[0]))
@@ -120,7 +122,7 @@ def test_growing_cache_keeps_beam_scores(model_and_params):
 
 
 def test_growing_cache_lengths_double_up_to_the_maximum():
-  from transformer_jax import search
+  from transformer_jax.decode import search
 
   assert search.doubling_lengths(40) == (16, 32, 40)
   assert search.doubling_lengths(16) == (16,)
@@ -134,10 +136,10 @@ def test_growing_cache_lengths_double_up_to_the_maximum():
 @pytest.mark.parametrize("method", ["beam", "greedy"])
 def test_translator_handles_batches_the_device_count_does_not_divide(model_and_params, method):
   model, params = model_and_params
-  mesh = parallel.make_mesh(dict(data=-1, fsdp=1, tensor=1))
-  translator = decode.Translator(model, params, mesh, decode.DecodeOptions(method=method))
+  mesh = sharding.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+  decoder = translator.Translator(model, params, mesh, translator.DecodeOptions(method=method))
   src = np.asarray(jnp.concatenate([SRC, SRC[:1]], axis=0))  # 3 rows on 8 devices.
-  out = translator(src)
+  out = decoder(src)
   assert out.shape == (3, src.shape[1] + 50)
   np.testing.assert_array_equal(out[0], out[2])  # Same sentence, same translation.
   lengths = (out != 0).sum(-1)
@@ -148,14 +150,14 @@ def test_bad_decode_options_are_one_line_errors():
   from transformer_jax.errors import UserError
 
   with pytest.raises(UserError, match="beam_size=0"):
-    decode.DecodeOptions(beam_size=0)
+    translator.DecodeOptions(beam_size=0)
   with pytest.raises(UserError, match="alpha=-1"):
-    decode.DecodeOptions(alpha=-1)
+    translator.DecodeOptions(alpha=-1)
 
 
 def test_attention_weights_cover_every_module(model_and_params):
   model, params = model_and_params
-  weights = decode.attention_weights(model, params, SRC, shift_right(SRC))
+  weights = translator.attention_weights(model, params, SRC, shift_right(SRC))
   names = sorted(weights)
   assert any("encoder_0" in n and "self_attention" in n for n in names), names
   assert any("decoder_1" in n and "cross_attention" in n for n in names), names

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.dropout import Dropout, keep_mask
+from transformer_jax.model.dropout import Dropout, keep_mask
 
 
 @pytest.mark.parametrize("rate", [0.1, 0.3])

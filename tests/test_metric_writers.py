@@ -2,7 +2,7 @@
 
 import json
 
-from transformer_jax.metric_writers import MetricsWriter
+from transformer_jax.training.metric_writers import MetricsWriter
 
 
 def test_truncate_after_drops_later_rows_and_a_half_written_last_line(tmp_path):

@@ -8,9 +8,9 @@ import sys
 import jax
 import numpy as np
 
-from transformer_jax import checkpoints, parallel
-from transformer_jax.inference import abstract_train_state, read_config
-from transformer_jax.model import Transformer
+from transformer_jax import sharding
+from transformer_jax.tasks.registry import make_task
+from transformer_jax.training.run_dir import read_config, restore_state
 
 STEPS = 4
 
@@ -44,11 +44,10 @@ def _env(devices: int, **extra) -> dict:
 
 
 def _final_params(workdir):
-  config = read_config(str(workdir))
-  mesh = parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  abstract = abstract_train_state(config, Transformer(config.model), mesh)
-  manager = checkpoints.make_manager(checkpoints.checkpoint_dir(str(workdir)), read_only=True)
-  state, _, _ = checkpoints.restore_latest(manager, abstract, with_data=False)
+  task = make_task(read_config(str(workdir)))
+  model = task.build_model()
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  state, _ = restore_state(str(workdir), lambda key: task.init_params(model, key), mesh=mesh)
   assert int(state.step) == STEPS
   return jax.device_get(state.params)
 

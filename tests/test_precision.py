@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from transformer_jax import decode, precision
+from transformer_jax.decode import cache as kv_cache
+from transformer_jax.model import precision
 from transformer_jax.errors import UserError
-from transformer_jax.model import Transformer, shift_right
+from transformer_jax.model.transformer import Transformer, shift_right
 from transformer_jax.special_tokens import EOS_ID
 
 # Every product training runs, in the shapes it runs them (see model.py, attention.py).
@@ -162,13 +163,13 @@ def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config):
   params = model.init(jax.random.key(0), SRC, inputs)["params"]
   full = model.apply({"params": params}, SRC, inputs)
   encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-  cache = decode.init_cache(model, params, encoded, SRC, inputs.shape[1])
+  cache = kv_cache.init_cache(model, params, encoded, SRC, inputs.shape[1])
   # Keys and values are stored as the matmuls read them: half the bytes of float32.
   cached = {path[-1]: leaf.dtype for path, leaf in traverse_util.flatten_dict(cache).items()
             if path[-1] != "cache_index"}
   assert set(cached) == {"cached_key", "cached_value", "cross_key", "cross_value"}
   assert set(cached.values()) == {jnp.dtype(jnp.bfloat16)}, cached
-  step_fn = decode.step_logits(model, params, SRC)
+  step_fn = kv_cache.step_logits(model, params, SRC)
   logits = []
   for step in range(inputs.shape[1]):
     step_logits, cache = step_fn(inputs[:, step : step + 1], cache, step)

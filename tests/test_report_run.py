@@ -17,14 +17,15 @@ def report_run():
 
 
 def test_report_chooses_on_dev_and_scores_test_once(report_run, tmp_path, capsys):
-  from transformer_jax.train import train_and_evaluate
+  from transformer_jax.tasks.registry import make_task
+  from transformer_jax.training.loop import train_and_evaluate
 
   config = tiny_base()
   config.checkpoint_every_steps = 2
   config.keep_checkpoints = 3
   config.final_eval_split = "test"
   workdir, out = tmp_path / "run", tmp_path / "report"
-  train_and_evaluate(config, str(workdir))
+  train_and_evaluate(config, str(workdir), make_task(config))
   capsys.readouterr()
 
   result = report_run.report(str(workdir), str(out), [1, 2, 3], None, None, metric="sacrebleu")
@@ -46,12 +47,13 @@ def test_report_chooses_on_dev_and_scores_test_once(report_run, tmp_path, capsys
 
 
 def test_report_tunes_beam_settings_on_dev_only(report_run, tmp_path, capsys):
-  from transformer_jax.train import train_and_evaluate
+  from transformer_jax.tasks.registry import make_task
+  from transformer_jax.training.loop import train_and_evaluate
 
   config = tiny_base()
   config.checkpoint_every_steps = 3
   config.final_eval_split = "test"
-  train_and_evaluate(config, str(tmp_path / "run"))
+  train_and_evaluate(config, str(tmp_path / "run"), make_task(config))
   capsys.readouterr()
 
   result = report_run.report(str(tmp_path / "run"), str(tmp_path / "out"), [1], None, None,
@@ -71,12 +73,13 @@ def test_report_tunes_beam_settings_on_dev_only(report_run, tmp_path, capsys):
 
 def test_report_refuses_a_count_below_one(report_run, tmp_path):
   from transformer_jax.errors import UserError
-  from transformer_jax.train import train_and_evaluate
+  from transformer_jax.tasks.registry import make_task
+  from transformer_jax.training.loop import train_and_evaluate
 
   config = tiny_base()
   config.num_train_steps = 2
   config.checkpoint_every_steps = 2
-  train_and_evaluate(config, str(tmp_path / "run"))
+  train_and_evaluate(config, str(tmp_path / "run"), make_task(config))
   with pytest.raises(UserError, match="at least 1"):
     report_run.report(str(tmp_path / "run"), str(tmp_path / "out"), [0], None, "test")
 
@@ -101,19 +104,20 @@ def test_training_time_of_a_resumed_run_adds_up_every_process(report_run):
 @pytest.mark.parametrize("average", [1, 2])
 def test_final_report_decodes_the_configured_checkpoint_average(tmp_path, capsys, average):
   """Training's own final BLEU uses the recipe's average_last_checkpoints, like report_run."""
-  from transformer_jax.decode import DecodeOptions
-  from transformer_jax.evaluate import evaluate_texts, final_report
-  from transformer_jax.inference import load_run
-  from transformer_jax.train import train_and_evaluate
+  from transformer_jax.decode.translator import DecodeOptions
+  from transformer_jax.tasks.registry import load_run, make_task
+  from transformer_jax.tasks.translation import evaluate_texts
+  from transformer_jax.training.loop import train_and_evaluate
 
   config = tiny_base()
   config.checkpoint_every_steps = 2
   config.average_last_checkpoints = average
   config.final_eval_split = "test"
   workdir = str(tmp_path / "run")
-  train_and_evaluate(config, workdir)
+  task = make_task(config)
+  train_and_evaluate(config, workdir, task)
 
-  scores = final_report(config, workdir)
+  scores = task.final_report(workdir)
 
   expected_checkpoint = "averaged" if average > 1 else "latest"
   assert scores["averaged_steps"] == ([4, 6] if average > 1 else None)
@@ -123,8 +127,7 @@ def test_final_report_decodes_the_configured_checkpoint_average(tmp_path, capsys
   # The scores are those of that checkpoint, decoded with the config's beam settings.
   from transformer_jax.data.pipeline import load_dataset
   sources, references = load_dataset(config.data).texts("test")
-  options = DecodeOptions(beam_size=config.beam_size, alpha=config.length_penalty,
-                          max_extra_len=config.max_decode_extra_len)
+  options = DecodeOptions.from_config(config)
   direct, _ = evaluate_texts(load_run(workdir, expected_checkpoint), sources, references, options)
   assert direct["sacrebleu"] == scores["sacrebleu"]
   if average > 1:  # Averaging changed the parameters, so the latest alone decodes differently.

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import search
+from transformer_jax.decode import search
 from transformer_jax.errors import UserError
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 

@@ -1,15 +1,20 @@
 """The train step: schedule, loss, sharding, accumulation and restoring across meshes."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import checkpoints, parallel, train
+from transformer_jax import sharding
 from transformer_jax.configs import default_config
-from transformer_jax.losses import smoothing_entropy, token_losses
-from transformer_jax.model import Transformer
-from transformer_jax.schedules import make_optimizer, paper_schedule
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.tasks.translation import TranslationTask, init_transformer
+from transformer_jax.training import checkpoints, loop
+from transformer_jax.training.losses import smoothing_entropy, token_losses
+from transformer_jax.training.schedules import make_optimizer, paper_schedule
+from transformer_jax.training.state import create_train_state
 
 
 def tiny_config():
@@ -33,12 +38,9 @@ def synthetic_batch(rows=16, seed=0):
 
 
 def run_steps(config, mesh, batches):
-  model = Transformer(config.model)
-  optimizer = make_optimizer(config)
-  state, shardings = train.create_train_state(model, optimizer, mesh, config.seed)
-  train_fn, _ = train.compile_steps(model, optimizer, config, mesh, shardings)
+  _, state, train_fn, _ = loop.build_steps(config, TranslationTask(config), mesh)
   for batch in batches:
-    state, metrics = train_fn(state, parallel.global_batch(batch, mesh))
+    state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
   return jax.device_get(state), jax.device_get(metrics)
 
 
@@ -87,8 +89,8 @@ def test_sharded_step_equals_single_device_step(mesh_shape):
   config = tiny_config()
   config.model.dropout_rate = 0.1  # Dropout bits must not depend on the sharding either.
   batches = [synthetic_batch(seed=s) for s in range(2)]
-  single, single_metrics = run_steps(config, parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches)
-  sharded, sharded_metrics = run_steps(config, parallel.make_mesh(mesh_shape), batches)
+  single, single_metrics = run_steps(config, sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches)
+  sharded, sharded_metrics = run_steps(config, sharding.make_mesh(mesh_shape), batches)
   # Sharded sums add in another order (~2e-5 relative seen); one dropout mask bit that
   # differed would move whole rows by ~1e-2.
   for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
@@ -98,7 +100,7 @@ def test_sharded_step_equals_single_device_step(mesh_shape):
 
 def test_gradient_accumulation_equals_one_large_step():
   config = tiny_config()
-  mesh = parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   batches = [synthetic_batch(rows=16, seed=s) for s in range(2)]
   whole, whole_metrics = run_steps(config, mesh, batches)
   config.gradient_accumulation_steps = 4
@@ -111,16 +113,16 @@ def test_gradient_accumulation_equals_one_large_step():
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 simulated devices")
 def test_checkpoint_saved_on_8_devices_restores_onto_1(tmp_path):
   config = tiny_config()
-  model = Transformer(config.model)
+  init_params = functools.partial(init_transformer, Transformer(config.model))
   optimizer = make_optimizer(config)
-  mesh8 = parallel.make_mesh(dict(data=2, fsdp=2, tensor=2))
-  state8, _ = train.create_train_state(model, optimizer, mesh8, seed=3)
+  mesh8 = sharding.make_mesh(dict(data=2, fsdp=2, tensor=2))
+  state8, _ = create_train_state(init_params, optimizer, mesh8, seed=3)
   manager = checkpoints.make_manager(str(tmp_path), async_save=True)
   checkpoints.save(manager, 7, state8, {"epoch": 0}, {"step": 7})
   manager.wait_until_finished()
 
-  mesh1 = parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  state1, _ = train.create_train_state(model, optimizer, mesh1, seed=0)
+  mesh1 = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  state1, _ = create_train_state(init_params, optimizer, mesh1, seed=0)
   restored, data_state, meta = checkpoints.restore_latest(manager, checkpoints.abstract_like(state1))
   assert meta["step"] == 7 and data_state == {"epoch": 0}
   for a, b in zip(jax.tree.leaves(state8), jax.tree.leaves(restored)):

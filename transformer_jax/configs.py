@@ -7,17 +7,22 @@ and change only what their experiment changes.
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import os
+import sys
+import types
 
 import ml_collections
 
 from transformer_jax.data.pipeline import default_data_config
 from transformer_jax.errors import UserError
-from transformer_jax.model_config import ModelConfig, default_model_config
+from transformer_jax.model.config import ModelConfig, default_model_config
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The paper's base recipe (§5) with small-machine logging defaults."""
   config = ml_collections.ConfigDict()
+  config.task = "translation"  # tasks/registry.py: what is trained and how it is evaluated.
   config.model = default_model_config()
   config.data = default_data_config()
   # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.
@@ -60,20 +65,34 @@ def default_config() -> ml_collections.ConfigDict:
   return config
 
 
-def _all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+def load_module(path: str | os.PathLike, name: str | None = None) -> types.ModuleType:
+  """A Python file as a module, registered in sys.modules under `name` (default: its stem).
+
+  Experiment configs and scripts are files, not a package; this is how they
+  load each other (and how tests and notebooks load them).
+  """
+  name = name or os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+def all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
   keys = []
   for key, value in config.items():
     name = f"{prefix}{key}"
     keys.append(name)
     if isinstance(value, ml_collections.ConfigDict):
-      keys.extend(_all_keys(value, name + "."))
+      keys.extend(all_keys(value, name + "."))
   return keys
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises a one-line UserError for a key the defaults don't have, or a bad value."""
-  valid = set(_all_keys(default_config()))
-  for key in _all_keys(config):
+  valid = set(all_keys(default_config()))
+  for key in all_keys(config):
     if key not in valid and not key.startswith("data.plain_text."):
       close = difflib.get_close_matches(key, sorted(valid), n=3)
       hint = f"; did you mean {', '.join('config.' + c for c in close)}?" if close else ""

@@ -21,12 +21,12 @@ paper); the paper scale needs WMT14 and accelerators, not run.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import ml_collections
 
+from transformer_jax.configs import load_module
 from transformer_jax.errors import UserError
 
 # Paper-scale changes from the base row (N=6, d_model 512, d_ff 2048, h 8,
@@ -82,11 +82,8 @@ _CPU_DEPTH_FACTOR = 0.5
 
 
 def _sibling(name: str):
-  """Another config file of this folder, loaded by path (configs are not a package)."""
-  spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """Another config file of this folder (configs are files, not a package)."""
+  return load_module(Path(__file__).with_name(f"{name}.py"), f"config_{name}")
 
 
 def base_config(scale: str = "paper") -> ml_collections.ConfigDict:

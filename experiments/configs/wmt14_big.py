@@ -12,18 +12,16 @@ Paper: 28.4 BLEU on newstest2014, dev PPL 4.33 and 26.4 BLEU on newstest2013,
 213M parameters; 8 P100 GPUs, 3.5 days. Here: not yet measured.
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
+from transformer_jax.configs import load_module
+
 
 def _sibling(name: str):
-  """Another config file of this folder, loaded by path (configs are not a package)."""
-  spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """Another config file of this folder (configs are files, not a package)."""
+  return load_module(Path(__file__).with_name(f"{name}.py"), f"config_{name}")
 
 
 def get_config() -> ml_collections.ConfigDict:

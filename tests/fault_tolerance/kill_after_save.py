@@ -11,9 +11,8 @@ import os
 import signal
 import sys
 
-from absl import app
-
-from transformer_jax import checkpoints, cli, train
+from transformer_jax.training import checkpoints
+from transformer_jax.cli import train
 
 KILL_STEP = int(sys.argv.pop(1))
 _real_save = checkpoints.save
@@ -29,5 +28,4 @@ def _save_then_die(manager, step, *args, **kwargs) -> None:
 
 if __name__ == "__main__":
   checkpoints.save = _save_then_die
-  cli.define_run_flags()
-  app.run(train.main, flags_parser=cli.parse_flags)
+  train.run()

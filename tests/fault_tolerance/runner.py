@@ -189,18 +189,15 @@ def final_state(workdir: os.PathLike, step: int | None = None):
   """The newest (or `step`'s) checkpointed TrainState, as numpy arrays on one device."""
   import jax
 
-  from transformer_jax import checkpoints, parallel
-  from transformer_jax.inference import abstract_train_state, read_config
-  from transformer_jax.model import Transformer
+  from transformer_jax import sharding
+  from transformer_jax.tasks.registry import make_task
+  from transformer_jax.training.run_dir import read_config, restore_state
 
-  config = read_config(str(workdir))
-  mesh = parallel.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
-  abstract = abstract_train_state(config, Transformer(config.model), mesh)
-  manager = checkpoints.make_manager(checkpoints.checkpoint_dir(str(workdir)), read_only=True)
-  if step is None:
-    state, _, _ = checkpoints.restore_latest(manager, abstract, with_data=False)
-  else:
-    state, _, _ = checkpoints.restore_step(manager, step, abstract, with_data=False)
+  task = make_task(read_config(str(workdir)))
+  model = task.build_model()
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  checkpoint = "latest" if step is None else str(step)
+  state, _ = restore_state(str(workdir), lambda key: task.init_params(model, key), checkpoint, mesh)
   return jax.device_get(state)
 
 

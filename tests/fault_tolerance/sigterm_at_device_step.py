@@ -16,14 +16,14 @@ import time
 
 import jax
 import numpy as np
-from absl import app
 from jax.experimental import io_callback
 
-from transformer_jax import cli, train
+from transformer_jax.cli import train
+from transformer_jax.training import loop
 
 SIGNAL_STEP = int(sys.argv.pop(1))
 SECONDS_PER_STEP = 0.3
-_real_compile_steps = train.compile_steps
+_real_compile_steps = loop.compile_steps
 
 
 def _finish_step(loss, step):
@@ -52,6 +52,5 @@ def _compile_slow_steps(*args, **kwargs):
 
 
 if __name__ == "__main__":
-  train.compile_steps = _compile_slow_steps
-  cli.define_run_flags()
-  app.run(train.main, flags_parser=cli.parse_flags)
+  loop.compile_steps = _compile_slow_steps
+  train.run()

@@ -131,7 +131,7 @@ def test_abandoned_orbax_reads_are_not_logged_but_other_asyncio_errors_are(caplo
   """A damaged checkpoint's other reads may be logged as unretrieved Task errors at exit."""
   import logging
 
-  from transformer_jax import checkpoints
+  from transformer_jax.training import checkpoints
 
   checkpoints.silence_abandoned_reads()
   asyncio_logger = logging.getLogger("asyncio")

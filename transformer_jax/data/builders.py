@@ -29,6 +29,8 @@ from pathlib import Path
 
 from absl import logging
 import tensorflow_datasets as tfds
+from array_record.python import array_record_module
+from tensorflow_datasets.proto import tf_example_pb2
 
 from transformer_jax.data import generated
 from transformer_jax.data import text_files
@@ -264,8 +266,6 @@ def read_split(builder: tfds.core.DatasetBuilder, split: str) -> list[dict[str, 
 def _read_array_record(builder, split: str) -> list[dict[str, str]]:
   # Records are tf.train.Example protos; parsing them with upb directly
   # avoids TFDS's per-record Python decoding (~50 us each).
-  from array_record.python import array_record_module
-  from tensorflow_datasets.proto import tf_example_pb2
   parse = tf_example_pb2.Example.FromString
   info = builder.info.splits[split]
   out = []
@@ -378,7 +378,8 @@ def _multi30k_manual_dir(cfg) -> str | None:
 
 
 def _wmt14_builder(tfds_dir: Path) -> tfds.core.DatasetBuilder:
-  import tensorflow_datasets.translate.wmt14  # pylint: disable=unused-import,g-import-not-at-top
+  # Registers wmt14_translate; TFDS's translate package pulls in much more, needed only here.
+  import tensorflow_datasets.translate.wmt14  # noqa: F401
   builder = tfds.builder("wmt14_translate/de-en", data_dir=os.fspath(tfds_dir),
                          file_format="array_record")
   if builder.is_prepared():

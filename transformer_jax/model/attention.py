@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from transformer_jax import precision
-from transformer_jax.dropout import Dropout
+from transformer_jax.model import precision
+from transformer_jax.model.dropout import Dropout
 from transformer_jax.special_tokens import PAD_ID
 
 Array = jax.Array

@@ -1,27 +1,27 @@
-"""Translating with a trained model: the KV cache wired to beam / greedy search.
+"""Translating with a trained model: the KV cache wired to beam / greedy search / sampling.
 
-The encoder runs once per batch; the cross-attention keys and values are
-computed once per sentence, when the cache is made; every decoder step then
-feeds one token through the cached self-attention (§6.1 recipe by default:
-beam 4, α = 0.6, at most input length + 50 tokens).
+`Translator` jits and shards `decode_batch` per output length; `translate_texts`
+turns sentences into length-sorted token batches and back (§6.1 recipe by
+default: beam 4, α = 0.6, at most input length + 50 tokens).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import flax
-from flax import linen as nn
-from flax import traverse_util
+from tqdm import tqdm
 
-from transformer_jax import parallel, search
+from transformer_jax import sharding
+from transformer_jax.decode import search
+from transformer_jax.decode.cache import grow_cache, init_cache, split_cache, step_logits
 from transformer_jax.errors import UserError
-from transformer_jax.model import Transformer
+from transformer_jax.model.transformer import Transformer
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
@@ -41,11 +41,15 @@ class DecodeOptions:
   # The self-attention cache starts at 16 positions and doubles (one compiled loop per
   # length), so early steps attend over, and beam search reorders, a short cache; False:
   # one loop over a cache of the maximum length. Same outputs either way. None: on for
-  # beam search, off otherwise. On Multi30k val (1,014 sentences, several batch shapes,
-  # d_model 256) beam 4 decoded in 31.6 s against 35.1 s including compiles, and 17.7 s
-  # against 24.7 s with the compiles cached; greedy, which reorders nothing, lost: 17.7 s
-  # against 9.9 s, 6.1 s against 4.5 s cached (benchmarks/NOTES.md, session 10).
+  # beam search, off otherwise: beam search gains (it reorders the cache every step),
+  # greedy search loses to the extra compiles (measured on Multi30k val: benchmarks/README.md).
   growing_cache: bool | None = None
+
+  @classmethod
+  def from_config(cls, config: Any) -> "DecodeOptions":
+    """The §6.1 search of an experiment config (beam_size, length_penalty, max_decode_extra_len)."""
+    return cls(beam_size=config.beam_size, alpha=config.length_penalty,
+               max_extra_len=config.max_decode_extra_len)
 
   @property
   def grows_cache(self) -> bool:
@@ -61,72 +65,6 @@ class DecodeOptions:
       raise UserError(f"--alpha={self.alpha} must be >= 0 (the paper uses 0.6)")
     if self.max_extra_len < 0:
       raise UserError(f"max_extra_len={self.max_extra_len} must be >= 0")
-
-
-def init_cache(model: Transformer, params, encoded: Array, src_tokens: Array, max_decode_len: int):
-  """The decoder's cache for `max_decode_len` steps, cross-attention K/V filled in."""
-  dummy_targets = jnp.zeros((src_tokens.shape[0], max_decode_len), jnp.int32)
-  _, variables = model.apply(
-      {"params": params}, encoded, src_tokens, dummy_targets,
-      decode=True, mutable=["cache"], method=Transformer.decode,
-  )
-  return variables["cache"]
-
-
-# Cache entries that depend only on the sentence, not on the beam or the step.
-_PER_SENTENCE_ENTRIES = ("cross_key", "cross_value")
-# Self-attention entries, [rows, heads, length, depth]: what a growing cache pads.
-_PER_STEP_ENTRIES = ("cached_key", "cached_value")
-
-
-def grow_cache(cache, length: int):
-  """The cache with every self-attention key/value padded to `length` positions.
-
-  The new positions hold zeros and lie after `cache_index`, so the step mask
-  hides them until they are written.
-  """
-  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
-  for path, value in flat.items():
-    if path[-1] in _PER_STEP_ENTRIES and value.shape[2] < length:
-      flat[path] = jnp.pad(value, ((0, 0), (0, 0), (0, length - value.shape[2]), (0, 0)))
-  return traverse_util.unflatten_dict(flat)
-
-
-def split_cache(cache) -> tuple[dict, dict]:
-  """(per-row entries the search reorders, per-sentence entries it never touches)."""
-  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
-  per_sentence = {k: v for k, v in flat.items() if k[-1] in _PER_SENTENCE_ENTRIES}
-  per_row = {k: v for k, v in flat.items() if k[-1] not in _PER_SENTENCE_ENTRIES}
-  return traverse_util.unflatten_dict(per_row), traverse_util.unflatten_dict(per_sentence)
-
-
-def step_logits(
-    model: Transformer, params, src_tokens: Array, sentence_cache=None
-) -> search.TokensToLogits:
-  """The search's step function: (tokens [n, 1], cache, step) -> (logits [n, vocab], cache).
-
-  With `sentence_cache` (the cross-attention keys/values of `split_cache`, one
-  row per sentence of `src_tokens`), the search's `cache` holds only the
-  per-row entries and `n` may be any multiple of the sentences (beams).
-  """
-
-  def tokens_to_logits(tokens, cache, step):
-    positions = jnp.full(tokens.shape, step, jnp.int32)
-    full_cache = cache
-    if sentence_cache is not None:
-      full_cache = traverse_util.unflatten_dict(
-          {**traverse_util.flatten_dict(cache), **traverse_util.flatten_dict(sentence_cache)}
-      )
-    logits, variables = model.apply(
-        {"params": params, "cache": full_cache}, None, src_tokens, tokens,
-        target_positions=positions, decode=True, mutable=["cache"], method=Transformer.decode,
-    )
-    new_cache = variables["cache"]
-    if sentence_cache is not None:
-      new_cache, _ = split_cache(new_cache)
-    return logits[:, 0], new_cache
-
-  return tokens_to_logits
 
 
 def decode_batch(
@@ -188,17 +126,17 @@ class Translator:
     device count does not divide still decodes.
     """
     padded = self._pad_rows(src_tokens)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
+    with sharding.mesh_context(self.mesh):
       out = self._function(src_tokens.shape[1])(self.params, padded, rng)
     return np.asarray(jax.device_get(out))[: src_tokens.shape[0]]
 
   def lower(self, src_tokens: np.ndarray, rng: Array | None = None) -> jax.stages.Lowered:
     """The decoding computation `__call__` runs for this batch shape (for profiling)."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(parallel.LOGICAL_AXIS_RULES):
+    with sharding.mesh_context(self.mesh):
       return self._function(src_tokens.shape[1]).lower(self.params, self._pad_rows(src_tokens), rng)
 
   def _pad_rows(self, src_tokens: np.ndarray) -> np.ndarray:
-    shards = parallel.batch_shards(self.mesh)
+    shards = sharding.batch_shards(self.mesh)
     rows = src_tokens.shape[0]
     padded = np.full((math.ceil(rows / shards) * shards, src_tokens.shape[1]), PAD_ID, np.int32)
     padded[:rows] = src_tokens
@@ -210,8 +148,8 @@ class Translator:
     if max_len not in self._jitted:
       self._jitted[max_len] = jax.jit(
           lambda params, src, rng: decode_batch(self.model, params, src, self.options, max_len, rng),
-          in_shardings=(None, parallel.batch_sharding(self.mesh), None),
-          out_shardings=parallel.batch_sharding(self.mesh),
+          in_shardings=(None, sharding.batch_sharding(self.mesh), None),
+          out_shardings=sharding.batch_sharding(self.mesh),
       )
     return self._jitted[max_len]
 
@@ -251,6 +189,25 @@ def translate_texts(
     if progress is not None:
       progress(done, len(order))
   return outputs
+
+
+def translate_lines(run: Any, lines: list[str], options: DecodeOptions,
+                    tokens_per_batch: int = 4096) -> list[str]:
+  """Translations of `lines` by a loaded run (its model, params, mesh, tokenizer and
+  config), one per line, with truncation warnings and progress on stderr."""
+  max_source_len = run.config.model.max_len
+
+  def on_truncate(index: int, length: int) -> None:
+    print(f"warning: line {index + 1} has {length} tokens; truncated to {max_source_len}",
+          file=sys.stderr, flush=True)
+
+  translator = Translator(run.model, run.params, run.mesh, options)
+  # A bar with rate and ETA on a terminal (disable=None); nothing in a log file.
+  with tqdm(total=sum(1 for line in lines if line.strip()), desc="translating",
+            unit=" sentences", file=sys.stderr, disable=None, leave=False) as bar:
+    return translate_texts(translator, run.tokenizer, lines, max_source_len, tokens_per_batch,
+                           on_truncate=on_truncate,
+                           progress=lambda done, total: bar.update(done - bar.n))
 
 
 def _bucket(length: int) -> int:

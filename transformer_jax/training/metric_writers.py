@@ -12,6 +12,8 @@ import sys
 from typing import Any
 
 import jax
+from tensorboardX import SummaryWriter
+from tqdm import tqdm
 
 
 class MetricsWriter:
@@ -22,13 +24,18 @@ class MetricsWriter:
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.total_steps = total_steps
     self._tensorboard = None
+    self._bar = None  # A step bar, only when stderr is a terminal.
     if self.enabled:
-      try:
-        from tensorboardX import SummaryWriter
+      self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
-        self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
-      except ImportError:  # TensorBoard is optional.
-        pass
+  def step_done(self, step: int) -> None:
+    """Moves the terminal's step bar to `step` (rate and ETA); nothing off a terminal."""
+    if not self.enabled or not sys.stderr.isatty():
+      return
+    if self._bar is None:
+      self._bar = tqdm(total=self.total_steps, initial=step - 1, unit="step", file=sys.stderr,
+                       dynamic_ncols=True, leave=False)
+    self._bar.update(step - self._bar.n)
 
   def truncate_after(self, step: int) -> None:
     """Drops rows logged after `step` (a resumed run writes them again).
@@ -69,13 +76,15 @@ class MetricsWriter:
     step = int(row["step"])
     remaining = (self.total_steps - step) * row["elapsed_s"] / max(step - row.get("start_step", 0), 1)
     eta = datetime.timedelta(seconds=int(remaining))
-    print(
-        f"step {step}/{self.total_steps} | loss {row['loss']:.4f} | ppl {row['perplexity']:.2f}"
-        f" | lr {row['learning_rate']:.2e} | {row['tokens_per_s']:,.0f} tok/s | ETA {eta}",
-        file=sys.stderr,
-        flush=True,
-    )
+    line = (f"step {step}/{self.total_steps} | loss {row['loss']:.4f} | ppl {row['perplexity']:.2f}"
+            f" | lr {row['learning_rate']:.2e} | {row['tokens_per_s']:,.0f} tok/s | ETA {eta}")
+    if self._bar is not None:
+      self._bar.write(line, file=sys.stderr)  # Above the bar, which stays at the bottom.
+    else:
+      print(line, file=sys.stderr, flush=True)
 
   def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
     if self._tensorboard is not None:
       self._tensorboard.close()

@@ -1,20 +1,30 @@
-"""What the command-line entry points share: flag parsing, library set-up, run flags.
+"""What the command lines share: flag definitions and parsing, reading input, process set-up.
 
 Importing this module defines no flags; `define_run_flags()` adds the ones
-of a training run (train, model_info, the ablation runner).
+of a training run (train, model_info, the ablation runner) and
+`define_decode_flags()` those of translate and evaluate.
 """
 
 from __future__ import annotations
 
 import ctypes
 import difflib
+import logging as python_logging
 import os
 import platform
 import sys
+from typing import BinaryIO
 
+import jax
+import ml_collections
+import tensorflow_datasets as tfds
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
+from transformer_jax.configs import all_keys, default_config
+from transformer_jax.data.text_files import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
+from transformer_jax.decode.translator import DecodeOptions
 from transformer_jax.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -51,14 +61,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def _unknown_config_key(argv: list[str]) -> str | None:
   """'unknown config key ...; did you mean ...?' for the first unknown --config.<key>."""
-  from transformer_jax.configs import _all_keys, default_config
-
   if "config" not in FLAGS:
     return None
   try:
-    keys = sorted(_all_keys(FLAGS["config"].value))
+    keys = sorted(all_keys(FLAGS["config"].value))
   except Exception:  # No config file loaded (yet): the defaults have every key.
-    keys = sorted(_all_keys(default_config()))
+    keys = sorted(all_keys(default_config()))
   for arg in argv[1:]:
     if arg.startswith("--config."):
       key = arg[len("--config."):].split("=", 1)[0]
@@ -71,10 +79,6 @@ def _unknown_config_key(argv: list[str]) -> str | None:
 
 def quiet_libraries() -> None:
   """Keeps Orbax's and TFDS's INFO chatter off the console (warnings still show)."""
-  import logging as python_logging
-
-  from absl import logging
-
   def keep(record) -> bool:
     noisy = any(name in record.pathname for name in ("orbax", "tensorflow_datasets", "jax/_src"))
     if record.name == "asyncio" and "never retrieved" in str(record.msg):
@@ -84,9 +88,8 @@ def quiet_libraries() -> None:
     return record.levelno >= python_logging.WARNING or not noisy
 
   logging.get_absl_handler().addFilter(keep)
-  import tensorflow_datasets as tfds
-
-  tfds.disable_progress_bar()
+  if not sys.stderr.isatty():  # On a terminal TFDS shows corpus preparation as progress bars.
+    tfds.disable_progress_bar()
 
 
 def keep_freed_host_memory() -> None:
@@ -119,9 +122,6 @@ def enable_compilation_cache() -> None:
   $JAX_COMPILATION_CACHE_DIR wins; else $TRANSFORMER_JAX_CACHE_DIR/xla, else
   ~/.cache/transformer_jax/xla (the root that prepared data uses too).
   """
-  import jax
-  from transformer_jax.data.text_files import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
-
   if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     root = os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR
     jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.expanduser(root), "xla"))
@@ -129,7 +129,7 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-def config_and_workdir():
+def config_and_workdir() -> tuple[ml_collections.ConfigDict, str]:
   """The --config (validated on use) and --workdir, or a one-line UserError."""
   if FLAGS.config is None:
     raise UserError("--config is required, e.g. --config=experiments/configs/quickstart.py")
@@ -142,3 +142,52 @@ def config_and_workdir():
     raise UserError("--workdir is required: the folder for checkpoints and metrics")
   workdir = os.path.abspath(os.path.expanduser(FLAGS.workdir))
   return FLAGS.config, workdir
+
+
+def define_decode_flags() -> None:
+  """The flags of translate and evaluate: the run, the checkpoint and the search."""
+  flags.DEFINE_string("workdir", None, "Run directory of a training run.")
+  flags.DEFINE_string("checkpoint", "latest", "latest, averaged, or a step number.")
+  flags.DEFINE_enum("method", "beam", ["beam", "greedy", "sample"], "Search method.")
+  flags.DEFINE_integer("beam_size", 4, "Beam size (§6.1: 4).")
+  flags.DEFINE_float("alpha", 0.6, "Length penalty exponent α (§6.1: 0.6).")
+  flags.DEFINE_integer("max_extra_len", 50, "Output may be this many tokens longer than the input.")
+  flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
+  flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0: all).")
+  flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "
+                    "positions as decoding goes (same outputs); unset: on for beam search, "
+                    "off for greedy search and sampling.")
+  flags.DEFINE_integer("tokens_per_batch", 4096, "Source tokens per decoding batch.")
+  flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")
+
+
+def decode_options() -> DecodeOptions:
+  """The search that the decode flags ask for."""
+  return DecodeOptions(
+      method=FLAGS.method, beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
+      max_extra_len=FLAGS.max_extra_len, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
+      growing_cache=FLAGS.growing_cache,
+  )
+
+
+def require_workdir() -> str:
+  """--workdir, or a one-line UserError."""
+  if not FLAGS.workdir:
+    raise UserError("--workdir is required: the run directory of a training run")
+  return FLAGS.workdir
+
+
+def read_lines(stream: BinaryIO, replace_invalid: bool, name: str = "stdin") -> list[str]:
+  """Lines of a binary stream, decoded as UTF-8 (invalid bytes: error or U+FFFD)."""
+  lines = []
+  for number, raw in enumerate(stream.read().splitlines(), start=1):
+    try:
+      lines.append(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+      if not replace_invalid:
+        raise UserError(
+            f"{name} line {number} is not valid UTF-8 (byte {e.start}); fix the input or "
+            "pass --replace_invalid_utf8"
+        ) from None
+      lines.append(raw.decode("utf-8", errors="replace"))
+  return lines

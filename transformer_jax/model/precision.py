@@ -8,7 +8,7 @@ stay in float32. This is what a TPU's matrix unit does, and on a CPU with AMX
 form XLA runs fast: a 2048² matmul ran at 1,537 GFLOP/s with bfloat16 operands
 and a float32 result, 288 with a bfloat16 result and 353 in float32 on 2 AMX
 cores; 386, 158 and 199 GFLOP/s on 2 AVX512-BF16 cores (benchmarks/NOTES.md,
-sessions 4 and 5).
+the runs of 2026-12-01 11:00 and 2026-12-01 evening (Zen 4 EPYC host)).
 
 JAX's own transpose of a bfloat16 x bfloat16 -> float32 dot multiplies the
 float32 cotangent by a float32 copy of the other operand: the backward pass
@@ -144,7 +144,7 @@ def _low_precision_product(
     when that operand is by far the larger (the tied logits' gradient G [tokens,
     vocab]), the other operand and the float32 result: on an Intel AMX host the
     copy of G took 149 ms of a 1.4 s Multi30k step, and the step ran 1.21x as
-    many tokens a second without it (benchmarks/NOTES.md, session 12).
+    many tokens a second without it (benchmarks/NOTES.md, the 2026-12-03 04:30 (Intel AMX host) runs).
   """
   (first_subscripts, first_operand), (second_subscripts, second_operand) = first, second
   transpose_result = False

@@ -11,14 +11,17 @@ axis names onto these mesh axes; a config chooses the parallelism only through
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 from absl import logging
 from flax import linen as nn
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer_jax.errors import UserError
@@ -83,8 +86,6 @@ def any_process(*flags: bool) -> tuple[bool, ...]:
   """
   if jax.process_count() == 1:
     return tuple(bool(f) for f in flags)
-  from jax.experimental import multihost_utils
-
   gathered = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
   return tuple(bool(f) for f in gathered.reshape(jax.process_count(), len(flags)).any(axis=0))
 
@@ -153,3 +154,26 @@ def log_topology(mesh: Mesh) -> None:
       jax.devices()[0].platform,
       dict(mesh.shape),
   )
+
+
+@contextlib.contextmanager
+def mesh_context(mesh: Mesh) -> Iterator[None]:
+  """`mesh` as the current mesh, with the logical-axis rules in force."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
+    yield
+
+
+def in_mesh(jitted: Callable, mesh: Mesh) -> Callable:
+  """`jitted` called (and, through `.lower(*args)`, lowered) inside `mesh_context(mesh)`."""
+
+  @functools.wraps(jitted)
+  def call(*args):
+    with mesh_context(mesh):
+      return jitted(*args)
+
+  def lower(*args) -> jax.stages.Lowered:
+    with mesh_context(mesh):
+      return jitted.lower(*args)
+
+  call.lower = lower
+  return call

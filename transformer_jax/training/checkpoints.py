@@ -20,13 +20,14 @@ from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from absl import logging
 
 from transformer_jax.errors import UserError
 
 # Model keys whose change makes a checkpoint unusable for a config.
 _SHAPE_KEYS = (
-    "vocab_size", "source_vocab_size", "share_embeddings", "tie_output", "num_layers",
+    "vocab_size", "source_vocab_size", "share_embeddings", "tie_output",
     "num_encoder_layers", "num_decoder_layers", "d_model", "d_ff", "num_heads", "d_k",
     "d_v", "positions", "max_len", "norm",
 )
@@ -220,8 +221,6 @@ def _set_aside(manager: ocp.CheckpointManager, paths: list[str]) -> None:
       os.rename(path, target)
       print(f"warning: moved unreadable {path} to {target}", file=sys.stderr, flush=True)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
     multihost_utils.sync_global_devices("set aside unreadable checkpoints")
   manager.reload()
 

@@ -1,0 +1,64 @@
+"""Translates a source file and scores it against references.
+
+  python -m transformer_jax.evaluate --workdir=DIR --source=FILE --reference=FILE \
+      [--checkpoint=latest|averaged|STEP] [--beam_size=4] [--alpha=0.6]
+
+Prints one JSON object (sacrebleu, paper_bleu, tok_bleu, chrf, sentences,
+decode_seconds, sentences_per_second) and writes the hypotheses beside the
+checkpoint folder as <workdir>/hypotheses/<source name>.<checkpoint>.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags
+
+from transformer_jax.cli import common
+from transformer_jax.errors import UserError, exit_on_user_error
+from transformer_jax.tasks.registry import load_run
+from transformer_jax.tasks.translation import evaluate_texts
+
+FLAGS = common.FLAGS
+
+
+def read_file(path: str | None, flag: str, replace_invalid: bool) -> list[str]:
+  """The lines of the file a --`flag` names, or a one-line UserError."""
+  if not path or not os.path.exists(path):
+    raise UserError(f"--{flag}={path!r} does not exist; give a UTF-8 text file, one sentence a line")
+  with open(path, "rb") as f:
+    return common.read_lines(f, replace_invalid, name=path)
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+  del argv
+  workdir = common.require_workdir()
+  sources = read_file(FLAGS.source, "source", FLAGS.replace_invalid_utf8)
+  references = read_file(FLAGS.reference, "reference", FLAGS.replace_invalid_utf8)
+  if len(sources) != len(references):
+    raise UserError(f"--source has {len(sources)} lines but --reference has {len(references)}")
+  options = common.decode_options()
+  run = load_run(workdir, FLAGS.checkpoint)
+  scores, hypotheses = evaluate_texts(run, sources, references, options, FLAGS.tokens_per_batch)
+  out_dir = os.path.join(os.path.abspath(workdir), "hypotheses")
+  os.makedirs(out_dir, exist_ok=True)
+  out_path = os.path.join(out_dir, f"{os.path.basename(FLAGS.source)}.{FLAGS.checkpoint}.txt")
+  with open(out_path, "w") as f:
+    f.writelines(h + "\n" for h in hypotheses)
+  scores.update(hypotheses_file=out_path, checkpoint_step=run.step)
+  print(json.dumps(scores), flush=True)
+
+
+def run() -> None:
+  common.keep_freed_host_memory()
+  common.enable_compilation_cache()  # A repeated decode of the same shapes does not compile again.
+  common.define_decode_flags()
+  flags.DEFINE_string("source", None, "Source sentences, one per line.")
+  flags.DEFINE_string("reference", None, "Reference translations, line-aligned.")
+  app.run(main, flags_parser=common.parse_flags)
+
+
+if __name__ == "__main__":
+  run()

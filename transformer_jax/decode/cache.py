@@ -1,0 +1,84 @@
+"""The KV cache of incremental decoding, and the model step that reads and extends it.
+
+The encoder runs once per batch; the cross-attention keys and values are
+computed once per sentence, when the cache is made; every decoder step then
+feeds one token through the cached self-attention.
+"""
+
+from __future__ import annotations
+
+import flax
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+
+from transformer_jax.decode import search
+from transformer_jax.model.transformer import Transformer
+
+Array = jax.Array
+
+
+def init_cache(model: Transformer, params, encoded: Array, src_tokens: Array, max_decode_len: int):
+  """The decoder's cache for `max_decode_len` steps, cross-attention K/V filled in."""
+  dummy_targets = jnp.zeros((src_tokens.shape[0], max_decode_len), jnp.int32)
+  _, variables = model.apply(
+      {"params": params}, encoded, src_tokens, dummy_targets,
+      decode=True, mutable=["cache"], method=Transformer.decode,
+  )
+  return variables["cache"]
+
+
+# Cache entries that depend only on the sentence, not on the beam or the step.
+_PER_SENTENCE_ENTRIES = ("cross_key", "cross_value")
+# Self-attention entries, [rows, heads, length, depth]: what a growing cache pads.
+_PER_STEP_ENTRIES = ("cached_key", "cached_value")
+
+
+def grow_cache(cache, length: int):
+  """The cache with every self-attention key/value padded to `length` positions.
+
+  The new positions hold zeros and lie after `cache_index`, so the step mask
+  hides them until they are written.
+  """
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  for path, value in flat.items():
+    if path[-1] in _PER_STEP_ENTRIES and value.shape[2] < length:
+      flat[path] = jnp.pad(value, ((0, 0), (0, 0), (0, length - value.shape[2]), (0, 0)))
+  return traverse_util.unflatten_dict(flat)
+
+
+def split_cache(cache) -> tuple[dict, dict]:
+  """(per-row entries the search reorders, per-sentence entries it never touches)."""
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  per_sentence = {k: v for k, v in flat.items() if k[-1] in _PER_SENTENCE_ENTRIES}
+  per_row = {k: v for k, v in flat.items() if k[-1] not in _PER_SENTENCE_ENTRIES}
+  return traverse_util.unflatten_dict(per_row), traverse_util.unflatten_dict(per_sentence)
+
+
+def step_logits(
+    model: Transformer, params, src_tokens: Array, sentence_cache=None
+) -> search.TokensToLogits:
+  """The search's step function: (tokens [n, 1], cache, step) -> (logits [n, vocab], cache).
+
+  With `sentence_cache` (the cross-attention keys/values of `split_cache`, one
+  row per sentence of `src_tokens`), the search's `cache` holds only the
+  per-row entries and `n` may be any multiple of the sentences (beams).
+  """
+
+  def tokens_to_logits(tokens, cache, step):
+    positions = jnp.full(tokens.shape, step, jnp.int32)
+    full_cache = cache
+    if sentence_cache is not None:
+      full_cache = traverse_util.unflatten_dict(
+          {**traverse_util.flatten_dict(cache), **traverse_util.flatten_dict(sentence_cache)}
+      )
+    logits, variables = model.apply(
+        {"params": params, "cache": full_cache}, None, src_tokens, tokens,
+        target_positions=positions, decode=True, mutable=["cache"], method=Transformer.decode,
+    )
+    new_cache = variables["cache"]
+    if sentence_cache is not None:
+      new_cache, _ = split_cache(new_cache)
+    return logits[:, 0], new_cache
+
+  return tokens_to_logits

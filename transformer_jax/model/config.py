@@ -1,0 +1,137 @@
+"""The model section of an experiment config: one frozen dataclass, its defaults and validation.
+
+Each field is written once, here, with its default and what it means; the
+`config.model` ConfigDict of an experiment is built from these defaults, and
+`ModelConfig.from_config(config.model)` validates it and resolves the fields
+whose 0 (or "") means "derive from the others", so a mistake fails with one
+line that names the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+import ml_collections
+
+from transformer_jax.errors import UserError
+from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS
+from transformer_jax.model.positions import POSITION_KINDS
+
+NORM_PLACEMENTS = ("post", "pre")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_CHOICES = {
+    "positions": POSITION_KINDS,
+    "norm": NORM_PLACEMENTS,
+    "attention_impl": ATTENTION_IMPLEMENTATIONS,
+    "dtype": tuple(DTYPES),
+    "matmul_dtype": ("",) + tuple(DTYPES),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The paper's base model (Table 3, first row) with a 37k shared vocabulary, by default.
+
+  After construction no 0-means-derived field is left: num_encoder_layers,
+  num_decoder_layers, d_k, d_v, source_vocab_size and matmul_dtype hold values.
+  """
+
+  vocab_size: int = 37_000        # Shared source/target vocabulary (§5.1).
+  source_vocab_size: int = 0      # 0: vocab_size. Needs share_embeddings=False.
+  share_embeddings: bool = True   # Source and target embeddings are one matrix (§3.4).
+  tie_output: bool = True         # Pre-softmax projection = target embedding (§3.4).
+  num_layers: int = 6             # N, for encoder and decoder alike.
+  num_encoder_layers: int = 0     # 0: num_layers.
+  num_decoder_layers: int = 0     # 0: num_layers.
+  d_model: int = 512
+  d_ff: int = 2048
+  num_heads: int = 8
+  d_k: int = 0                    # 0: d_model // num_heads.
+  d_v: int = 0                    # 0: d_model // num_heads.
+  dropout_rate: float = 0.1       # P_drop on sub-layer outputs and embeddings (§5.4).
+  attention_dropout_rate: float = 0.0
+  relu_dropout_rate: float = 0.0
+  positions: str = "sinusoidal"   # "sinusoidal" | "learned" | "none".
+  max_len: int = 512              # Learned positions only; sinusoids have no limit.
+  norm: str = "post"              # "post" (the paper) | "pre".
+  layer_norm_epsilon: float = 1e-6
+  attention_impl: str = "plain"   # "plain" | "xla" | "cudnn" (jax.nn.dot_product_attention).
+  dtype: str = "float32"          # Compute dtype; parameters stay float32.
+  matmul_dtype: str = ""          # "": dtype. Matmul operand dtype with float32 accumulation
+                                  # (precision.py); "bfloat16" with dtype "float32" is mixed
+                                  # precision, fast on CPUs with AVX512-BF16 or AMX.
+
+  def __post_init__(self):
+    for key in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len"):
+      value = getattr(self, key)
+      if not isinstance(value, int) or value < 1:
+        raise UserError(f"config.model.{key}={value!r} must be a positive integer")
+    for key in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+      if not 0.0 <= getattr(self, key) < 1.0:
+        raise UserError(f"config.model.{key}={getattr(self, key)!r} must be in [0, 1)")
+    for key, allowed in _CHOICES.items():
+      if getattr(self, key) not in allowed:
+        raise UserError(f"config.model.{key}={getattr(self, key)!r} is not one of "
+                        f"{', '.join(allowed)}")
+    if (self.d_k == 0 or self.d_v == 0) and self.d_model % self.num_heads:
+      raise UserError(
+          f"config.model.num_heads={self.num_heads} does not divide d_model={self.d_model}; "
+          "change num_heads or set d_k and d_v")
+    head_depth = self.d_model // self.num_heads
+    resolved = dict(
+        num_encoder_layers=self.num_encoder_layers or self.num_layers,
+        num_decoder_layers=self.num_decoder_layers or self.num_layers,
+        d_k=self.d_k or head_depth,
+        d_v=self.d_v or head_depth,
+        source_vocab_size=self.source_vocab_size or self.vocab_size,
+        matmul_dtype=self.matmul_dtype or self.dtype,
+    )
+    if resolved["d_k"] < 0 or resolved["d_v"] < 0:
+      raise UserError(f"config.model.d_k={resolved['d_k']} and d_v={resolved['d_v']} must be "
+                      "positive")
+    if self.share_embeddings and resolved["source_vocab_size"] != self.vocab_size:
+      raise UserError(
+          f"config.model.source_vocab_size={resolved['source_vocab_size']} differs from "
+          f"vocab_size={self.vocab_size}; set share_embeddings=False for separate vocabularies")
+    if self.attention_impl != "plain" and self.attention_dropout_rate > 0:
+      raise UserError(
+          f"config.model.attention_impl={self.attention_impl!r} has no attention dropout; use "
+          "attention_impl='plain' or attention_dropout_rate=0")
+    for key, value in resolved.items():
+      object.__setattr__(self, key, value)
+
+  @property
+  def compute_dtype(self) -> Any:
+    return DTYPES[self.dtype]
+
+  @property
+  def matmul_operand_dtype(self) -> Any:
+    return DTYPES[self.matmul_dtype]
+
+  @classmethod
+  def from_config(cls, config: Any) -> "ModelConfig":
+    """Validates a ConfigDict (or dict, or ModelConfig); unset fields take their defaults."""
+    if isinstance(config, ModelConfig):
+      return config
+    values = dict(config.to_dict() if hasattr(config, "to_dict") else config)
+    known = [field.name for field in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+      raise UserError(f"unknown key config.model.{unknown[0]}; valid keys are: "
+                      + ", ".join(sorted(known)))
+    for key in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate",
+                "layer_norm_epsilon"):
+      if key in values and isinstance(values[key], int) and not isinstance(values[key], bool):
+        values[key] = float(values[key])
+    for key in ("share_embeddings", "tie_output"):
+      if key in values:
+        values[key] = bool(values[key])
+    return cls(**values)
+
+
+def default_model_config() -> ml_collections.ConfigDict:
+  """`config.model` as an experiment config starts it: every field at its default."""
+  return ml_collections.ConfigDict(
+      {field.name: field.default for field in dataclasses.fields(ModelConfig)})

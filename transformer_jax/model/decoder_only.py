@@ -1,0 +1,57 @@
+"""A GPT-style decoder-only language model from the same blocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.layers import (
+    DecoderLayer,
+    EmbedTokens,
+    attend,
+    default_positions,
+    embedding,
+    layer_norm,
+    output_dense,
+    self_attention_mask,
+)
+
+Array = jax.Array
+
+
+class DecoderOnly(nn.Module):
+  """A GPT-style language model: causal decoder layers without cross-attention."""
+
+  config: Any
+
+  def __post_init__(self):
+    object.__setattr__(self, "config", ModelConfig.from_config(self.config))
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(
+      self,
+      tokens: Array,
+      train: bool = False,
+      segment_ids: Array | None = None,
+      positions: Array | None = None,
+  ) -> Array:
+    """int[batch, length] -> next-token logits float32[batch, length, vocab]."""
+    config = self.config
+    token_embedding = embedding(config.vocab_size, config, "token_embedding")
+    if positions is None:
+      positions = default_positions(tokens)
+    x = EmbedTokens(config, token_embedding, name="embed")(tokens, positions, train)
+    mask = self_attention_mask(tokens, segment_ids, causal=True)
+    for i in range(config.num_decoder_layers):
+      x = DecoderLayer(config, cross_attention=False, name=f"decoder_{i}")(
+          x, None, mask, None, train
+      )
+    if config.norm == "pre":
+      x = layer_norm(config, "decoder_norm")(x)
+    logits = attend(token_embedding, x, config) if config.tie_output else output_dense(config)(x)
+    return logits.astype(jnp.float32)

@@ -1,0 +1,232 @@
+"""The blocks every model family is built from (§3.1-§3.4).
+
+Embeddings ×√d_model with positions, the position-wise feed-forward network,
+the residual-dropout-LayerNorm connection around each sub-layer, and the
+encoder and decoder layers. Every parameter and the main activations carry
+logical axis names ('vocab', 'embed', 'mlp', 'heads', 'kv', 'batch', 'length');
+`sharding.py` maps them onto mesh axes with one rule table.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer_jax.model import precision
+from transformer_jax.model.attention import (
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    segment_mask,
+)
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.positions import PositionalEncoding
+
+Array = jax.Array
+ACTIVATION = ("batch", "length", "embed")
+
+
+def default_positions(tokens: Array) -> Array:
+  """int[batch, length]: 0, 1, 2, ... for unpacked rows."""
+  return jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
+
+
+def dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
+           use_bias: bool = True) -> nn.Dense:
+  """A Glorot-initialised Dense whose matmul follows `config.matmul_dtype`."""
+  return nn.Dense(
+      features,
+      dtype=config.compute_dtype,
+      use_bias=use_bias,
+      dot_general=functools.partial(
+          precision.dot_general,
+          operand_dtype=config.matmul_operand_dtype,
+          result_dtype=config.compute_dtype,
+      ),
+      kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+      name=name,
+  )
+
+
+def attend(embedding: nn.Embed, x: Array, config: ModelConfig) -> Array:
+  """Logits [batch, length, vocab] = x · Eᵀ, the shared pre-softmax weights (§3.4)."""
+  table = jnp.asarray(embedding.embedding, config.compute_dtype)
+  logits = precision.einsum(  # As a 2-D product: see precision._low_precision_product.
+      "md,vd->mv",
+      x.reshape(-1, x.shape[-1]),
+      table,
+      config.matmul_operand_dtype,
+      config.compute_dtype,
+  )
+  return logits.reshape(*x.shape[:-1], table.shape[0])
+
+
+def embedding(num_embeddings: int, config: ModelConfig, name: str) -> nn.Embed:
+  return nn.Embed(
+      num_embeddings=num_embeddings,
+      features=config.d_model,
+      dtype=config.compute_dtype,
+      embedding_init=nn.with_logical_partitioning(
+          nn.initializers.normal(stddev=config.d_model**-0.5), ("vocab", "embed")
+      ),
+      name=name,
+  )
+
+
+class EmbedTokens(nn.Module):
+  """Token embedding × √d_model (§3.4) + positions (§3.5), then dropout (§5.4)."""
+
+  config: ModelConfig
+  embedding: nn.Embed
+
+  @nn.compact
+  def __call__(self, tokens: Array, positions: Array, train: bool) -> Array:
+    """tokens, positions: int[batch, length] -> [batch, length, d_model]."""
+    config = self.config
+    embedded = self.embedding(tokens) * jnp.sqrt(config.d_model).astype(config.compute_dtype)
+    embedded = PositionalEncoding(
+        config.positions, config.d_model, config.max_len, name="positions"
+    )(embedded, positions)
+    embedded = Dropout(config.dropout_rate)(embedded, deterministic=not train)
+    return nn.with_logical_constraint(embedded, ACTIVATION)
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2  (§3.3)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs: Array, train: bool) -> Array:
+    """[batch, length, d_model] -> [batch, length, d_model]."""
+    config = self.config
+    hidden = dense(config, config.d_ff, ("embed", "mlp"), "wi")(inputs)
+    hidden = nn.relu(hidden)
+    hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
+    hidden = Dropout(config.relu_dropout_rate)(hidden, deterministic=not train)
+    return dense(config, config.d_model, ("mlp", "embed"), "wo")(hidden)
+
+
+class SublayerConnection(nn.Module):
+  """Residual connection, dropout and LayerNorm around one sub-layer.
+
+  post (§3.1, §5.4): LayerNorm(x + Dropout(Sublayer(x))).
+  pre:  x + Dropout(Sublayer(LayerNorm(x))).
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs: Array, sublayer: Callable[[Array], Array], train: bool) -> Array:
+    config = self.config
+    norm = layer_norm(config, "norm")
+    outputs = sublayer(norm(inputs) if config.norm == "pre" else inputs)
+    outputs = Dropout(config.dropout_rate)(outputs, deterministic=not train)
+    outputs = inputs + outputs
+    if config.norm == "post":
+      outputs = norm(outputs)
+    return nn.with_logical_constraint(outputs, ACTIVATION)
+
+
+def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_epsilon,
+      dtype=config.compute_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+      name=name,
+  )
+
+
+def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
+  return MultiHeadAttention(
+      num_heads=config.num_heads,
+      d_k=config.d_k,
+      d_v=config.d_v,
+      d_model=config.d_model,
+      dropout_rate=config.attention_dropout_rate,
+      implementation=config.attention_impl,
+      dtype=config.compute_dtype,
+      matmul_dtype=config.matmul_operand_dtype,
+      name=name,
+  )
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention, then the feed-forward network (§3.1)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs: Array, mask: Array | None, train: bool) -> Array:
+    """[batch, src_len, d_model] -> same; mask: bool[batch, 1, src_len, src_len]."""
+    self_attention = multi_head_attention(self.config, "self_attention")
+    feed_forward = FeedForward(self.config, name="feed_forward")
+    x = SublayerConnection(self.config, name="self_attention_block")(
+        inputs, lambda h: self_attention(h, h, mask, train=train), train
+    )
+    return SublayerConnection(self.config, name="feed_forward_block")(
+        x, lambda h: feed_forward(h, train), train
+    )
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
+
+  With `cross_attention=False` it is a GPT-style decoder-only layer.
+  """
+
+  config: ModelConfig
+  cross_attention: bool = True
+
+  @nn.compact
+  def __call__(
+      self,
+      inputs: Array,
+      encoded: Array | None,
+      self_mask: Array | None,
+      cross_mask: Array | None,
+      train: bool,
+      decode: bool = False,
+  ) -> Array:
+    """inputs: [batch, tgt_len, d_model]; encoded: [batch, src_len, d_model]."""
+    config = self.config
+    self_attention = multi_head_attention(config, "self_attention")
+    x = SublayerConnection(config, name="self_attention_block")(
+        inputs, lambda h: self_attention(h, h, self_mask, train=train, decode=decode), train
+    )
+    if self.cross_attention:
+      cross_attention = multi_head_attention(config, "cross_attention")
+      x = SublayerConnection(config, name="cross_attention_block")(
+          x,
+          lambda h: cross_attention(
+              h, encoded, cross_mask, train=train, decode=decode, cross_attention=True
+          ),
+          train,
+      )
+    feed_forward = FeedForward(config, name="feed_forward")
+    return SublayerConnection(config, name="feed_forward_block")(
+        x, lambda h: feed_forward(h, train), train
+    )
+
+
+def self_attention_mask(
+    tokens: Array, segment_ids: Array | None, causal: bool
+) -> Array:
+  """bool[batch, 1, len, len]: padding, packing segments and (optionally) causality."""
+  return combine_masks(
+      padding_mask(tokens),
+      segment_mask(segment_ids, segment_ids) if segment_ids is not None else None,
+      causal_mask(tokens.shape[-1]) if causal else None,
+  )
+
+
+def output_dense(config: ModelConfig) -> nn.Dense:
+  return dense(config, config.vocab_size, ("embed", "vocab"), "output_projection", use_bias=False)

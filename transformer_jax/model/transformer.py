@@ -1,0 +1,168 @@
+"""The paper's encoder-decoder Transformer (§3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer_jax.model.attention import combine_masks, padding_mask, segment_mask
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.layers import (
+    DecoderLayer,
+    EmbedTokens,
+    EncoderLayer,
+    attend,
+    default_positions,
+    embedding,
+    layer_norm,
+    output_dense,
+    self_attention_mask,
+)
+from transformer_jax.special_tokens import BOS_ID, PAD_ID
+
+Array = jax.Array
+
+
+def shift_right(target_tokens: Array, target_positions: Array | None = None) -> Array:
+  """Decoder inputs: BOS followed by the targets, one step late.
+
+  Args:
+    target_tokens: int[batch, length], ending in EOS, padded with PAD.
+    target_positions: int[batch, length] for packed rows (each segment restarts
+      at 0 and gets its own BOS), or None.
+
+  Returns:
+    int[batch, length]; PAD where the target is PAD.
+  """
+  shifted = jnp.pad(target_tokens[:, :-1], ((0, 0), (1, 0)), constant_values=BOS_ID)
+  if target_positions is not None:
+    shifted = jnp.where(target_positions == 0, BOS_ID, shifted)
+  return jnp.where(target_tokens == PAD_ID, PAD_ID, shifted)
+
+
+class Transformer(nn.Module):
+  """The encoder-decoder Transformer.
+
+  `Transformer(config.model)` takes the `model` section of an experiment
+  config (a ConfigDict), validated here, at construction.
+  """
+
+  config: Any
+
+  def __post_init__(self):
+    object.__setattr__(self, "config", ModelConfig.from_config(self.config))
+    super().__post_init__()
+
+  def setup(self):
+    config = self.config
+    self.target_embedding = embedding(config.vocab_size, config, "target_embedding")
+    if config.share_embeddings:
+      self.source_embedding = self.target_embedding
+    else:
+      self.source_embedding = embedding(
+          config.source_vocab_size, config, "source_embedding"
+      )
+    self.embed_source = EmbedTokens(config, self.source_embedding, name="embed_source")
+    self.embed_target = EmbedTokens(config, self.target_embedding, name="embed_target")
+    self.encoder_layers = [
+        EncoderLayer(config, name=f"encoder_{i}") for i in range(config.num_encoder_layers)
+    ]
+    self.decoder_layers = [
+        DecoderLayer(config, name=f"decoder_{i}") for i in range(config.num_decoder_layers)
+    ]
+    if config.norm == "pre":
+      self.encoder_norm = layer_norm(config, "encoder_norm")
+      self.decoder_norm = layer_norm(config, "decoder_norm")
+    if not config.tie_output:
+      self.output_projection = output_dense(config)
+
+  def encode(
+      self,
+      src_tokens: Array,
+      train: bool = False,
+      src_segment_ids: Array | None = None,
+      src_positions: Array | None = None,
+  ) -> Array:
+    """int[batch, src_len] -> encoded [batch, src_len, d_model]."""
+    if src_positions is None:
+      src_positions = default_positions(src_tokens)
+    x = self.embed_source(src_tokens, src_positions, train)
+    mask = self_attention_mask(src_tokens, src_segment_ids, causal=False)
+    for layer in self.encoder_layers:
+      x = layer(x, mask, train)
+    if self.config.norm == "pre":
+      x = self.encoder_norm(x)
+    return x
+
+  def decode(
+      self,
+      encoded: Array | None,
+      src_tokens: Array,
+      target_input_tokens: Array,
+      train: bool = False,
+      src_segment_ids: Array | None = None,
+      target_segment_ids: Array | None = None,
+      target_positions: Array | None = None,
+      decode: bool = False,
+  ) -> Array:
+    """Logits float32[batch, tgt_len, vocab] for the next target token.
+
+    With `decode=True` the "cache" collection holds per-layer keys/values; a
+    first call with the full-length target creates it (and stores the cross-
+    attention keys/values of `encoded`), each later call takes one token and
+    its `target_positions` ([batch, 1], the step index).
+    """
+    if target_positions is None:
+      target_positions = default_positions(target_input_tokens)
+    x = self.embed_target(target_input_tokens, target_positions, train)
+    cross_mask = combine_masks(
+        padding_mask(src_tokens),
+        segment_mask(target_segment_ids, src_segment_ids)
+        if target_segment_ids is not None
+        else None,
+    )
+    self_mask = None if decode else self_attention_mask(
+        target_input_tokens, target_segment_ids, causal=True
+    )
+    for layer in self.decoder_layers:
+      x = layer(x, encoded, self_mask, cross_mask, train, decode=decode)
+    if self.config.norm == "pre":
+      x = self.decoder_norm(x)
+    return self._logits(x)
+
+  def _logits(self, x: Array) -> Array:
+    if self.config.tie_output:
+      logits = attend(self.target_embedding, x, self.config)
+    else:
+      logits = self.output_projection(x)
+    logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+    return logits.astype(jnp.float32)
+
+  def __call__(
+      self,
+      src_tokens: Array,
+      target_input_tokens: Array,
+      train: bool = False,
+      src_segment_ids: Array | None = None,
+      target_segment_ids: Array | None = None,
+      src_positions: Array | None = None,
+      target_positions: Array | None = None,
+  ) -> Array:
+    """src_tokens: int[batch, src_len]; target_input_tokens: int[batch, tgt_len].
+
+    Returns:
+      float32 logits [batch, tgt_len, vocab].
+    """
+    encoded = self.encode(src_tokens, train, src_segment_ids, src_positions)
+    return self.decode(
+        encoded,
+        src_tokens,
+        target_input_tokens,
+        train,
+        src_segment_ids,
+        target_segment_ids,
+        target_positions,
+    )

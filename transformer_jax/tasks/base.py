@@ -1,0 +1,113 @@
+"""The Task interface: what the shared trainer asks of one kind of training run.
+
+The trainer (`training/loop.py`) owns the step, sharding, checkpoints, exact
+resume, preemption and logging; a task owns everything that differs between,
+say, translation and masked-LM pre-training:
+
+  prepare_data()      load what it trains on (may set config.model fields, e.g. vocab_size);
+  build_model()       the Flax module, from config.model;
+  init_params(m, key) the module's boxed parameters;
+  loss_sums(...)      (loss_sum, {'tokens', '<name>_sum', ...}) for one batch;
+  batch_keys          the arrays of a batch the loss reads;
+  train_iterator(...) this host's rows of each global batch, with get_state/set_state;
+  eval_batches(...)   a dev split, each example once;
+  dev_metrics(...)    the dev row from the summed quantities (plus BLEU and the like);
+  checkpoint_meta() / check_checkpoint_meta(...)  what must match to resume;
+  write_run_files(workdir)  files a run directory needs besides checkpoints;
+  final_report(workdir)     the end-of-training evaluation, if the config asks for one.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+from typing import Any, Iterable, Protocol
+
+import jax
+import ml_collections
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh
+
+from transformer_jax.training import run_dir
+from transformer_jax.training.step import averages
+
+
+class BatchIterator(Protocol):
+  """Yields this host's rows of each global batch; its position is checkpointed."""
+
+  def __next__(self) -> dict[str, np.ndarray]: ...
+  def get_state(self) -> dict: ...
+  def set_state(self, state: dict) -> None: ...
+
+
+class Task(abc.ABC):
+  """One kind of training run. Subclasses set `name` and implement the abstract methods."""
+
+  name: str = ""
+  batch_keys: tuple[str, ...] = ()
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+
+  def prepare_data(self) -> None:
+    """Loads the data the task trains on (called once, before `build_model`)."""
+
+  @abc.abstractmethod
+  def build_model(self) -> nn.Module:
+    """The task's model, built from `config.model`."""
+
+  @abc.abstractmethod
+  def init_params(self, model: nn.Module, key: jax.Array) -> Any:
+    """`model`'s parameters, boxed with their logical axis names."""
+
+  @abc.abstractmethod
+  def loss_sums(self, model: nn.Module, params: Any, batch: dict[str, jax.Array], train: bool,
+                dropout_key: jax.Array | None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(summed loss, sums): `sums["tokens"]` counts what the loss averages over."""
+
+  @abc.abstractmethod
+  def train_iterator(self, batch_multiple: int, process_index: int, process_count: int
+                     ) -> BatchIterator:
+    """Training batches whose row count divides by `batch_multiple`."""
+
+  @abc.abstractmethod
+  def eval_batches(self, batch_multiple: int, process_index: int, process_count: int
+                   ) -> Iterable[dict[str, np.ndarray]]:
+    """The dev split, each example exactly once."""
+
+  def dev_metrics(self, model: nn.Module, params: Any, sums: dict[str, float], mesh: Mesh
+                  ) -> dict[str, float]:
+    """The dev row logged at each evaluation; by default the averages of `sums`."""
+    del model, params, mesh
+    return {name: float(value) for name, value in averages(sums, np).items()}
+
+  def describe(self) -> str:
+    """One line logged when training starts (e.g. split sizes)."""
+    return self.name
+
+  def checkpoint_meta(self) -> dict:
+    """Saved with every checkpoint; `check_checkpoint_meta` reads it back on resume."""
+    return {}
+
+  def check_checkpoint_meta(self, meta: dict, workdir: str) -> None:
+    """Raises a one-line UserError if a checkpoint in `workdir` does not fit this run."""
+
+  def write_run_files(self, workdir: str) -> None:
+    """Writes the files a fresh run directory needs besides config.json and checkpoints."""
+
+  def final_report(self, workdir: str) -> dict | None:
+    """The evaluation after the last step (config.final_eval_split), or None."""
+    return None
+
+  def load_run(self, workdir: str, checkpoint: str = "latest", mesh: Mesh | None = None
+               ) -> run_dir.LoadedRun:
+    """A checkpoint of a run of this task, with its model, tokenizer and mesh."""
+    model = self.build_model()
+    return run_dir.load_run(workdir, model, functools.partial(self.init_params, model),
+                            checkpoint, mesh)
+
+  def average_checkpoints(self, workdir: str, last: int) -> tuple[int, list[int]]:
+    """Averages the newest `last` checkpoints of a run of this task (see run_dir)."""
+    model = self.build_model()
+    return run_dir.average_checkpoints(workdir, last, functools.partial(self.init_params, model))

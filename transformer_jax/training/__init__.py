@@ -1,0 +1,1 @@
+"""The shared trainer: state, step, loop, checkpoints, schedules, preemption, metric writers."""

@@ -1,0 +1,243 @@
+"""The resumable training loop, shared by every task.
+
+`train_and_evaluate(config, workdir, task)` trains (or resumes) to
+`config.num_train_steps`: a fresh run starts from `create_train_state`, a
+rerun from the latest complete checkpoint, with the data position it saved.
+The loop knows a task only through `Trainable`, which `tasks.base.Task` implements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Callable, Iterable, Protocol
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh
+
+from transformer_jax import sharding
+from transformer_jax.configs import validate_config
+from transformer_jax.errors import UserError
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.info import format_counts, parameter_counts
+from transformer_jax.training import checkpoints
+from transformer_jax.training.metric_writers import MetricsWriter
+from transformer_jax.training.preemption import PreemptionWatcher
+from transformer_jax.training.schedules import make_optimizer, make_schedule
+from transformer_jax.training.state import TrainState, create_train_state
+from transformer_jax.training.step import compile_steps
+
+
+class Trainable(Protocol):
+  """What the loop asks of a task (documented in `tasks/base.py`)."""
+
+  batch_keys: tuple[str, ...]
+
+  def prepare_data(self) -> None: ...
+  def build_model(self) -> Any: ...
+  def init_params(self, model: Any, key: jax.Array) -> Any: ...
+  def loss_sums(self, model: Any, params: Any, batch: dict, train: bool,
+                dropout_key: jax.Array | None) -> tuple[jax.Array, dict]: ...
+  def train_iterator(self, batch_multiple: int, process_index: int, process_count: int) -> Any: ...
+  def eval_batches(self, batch_multiple: int, process_index: int, process_count: int
+                   ) -> Iterable[dict[str, np.ndarray]]: ...
+  def dev_metrics(self, model: Any, params: Any, sums: dict[str, float], mesh: Mesh
+                  ) -> dict[str, float]: ...
+  def describe(self) -> str: ...
+  def checkpoint_meta(self) -> dict: ...
+  def check_checkpoint_meta(self, meta: dict, workdir: str) -> None: ...
+  def write_run_files(self, workdir: str) -> None: ...
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss became NaN or infinite."""
+
+
+def model_config_dict(model_config: Any) -> dict:
+  """A model section, resolved (defaults filled in), as a plain dict."""
+  return json.loads(json.dumps(dataclasses.asdict(ModelConfig.from_config(model_config))))
+
+
+@dataclasses.dataclass
+class Run:
+  """What the loop works with, set up once per process."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  task: Trainable
+  mesh: Mesh
+  model: Any
+  train_fn: Any
+  eval_fn: Any
+  manager: Any
+  writer: MetricsWriter
+  meta: dict
+
+
+def build_steps(config: ml_collections.ConfigDict, task: Trainable, mesh: Mesh
+                ) -> tuple[Any, TrainState, Callable, Callable]:
+  """The task's model, its initial state on `mesh`, and the compiled (train_step, eval_step)."""
+  model = task.build_model()
+  optimizer = make_optimizer(config)
+  state, state_shardings = create_train_state(
+      functools.partial(task.init_params, model), optimizer, mesh, config.seed)
+  train_fn, eval_fn = compile_steps(
+      functools.partial(task.loss_sums, model), optimizer, make_schedule(config), config, mesh,
+      state_shardings)
+  return model, state, train_fn, eval_fn
+
+
+def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> tuple[Run, TrainState, Any]:
+  """Validates the config and builds mesh, data, model, state, compiled steps and writers.
+
+  Returns:
+    (run, the initial state, this host's training batch iterator).
+  """
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --workdir={workdir} ({e.strerror}); "
+                    "choose a writable folder") from None
+  validate_config(config)
+  mesh = sharding.make_mesh(config.mesh)
+  sharding.log_topology(mesh)
+  task.prepare_data()
+  model, state, train_fn, eval_fn = build_steps(config, task, mesh)
+  if jax.process_index() == 0:
+    print("parameters:\n" + format_counts(parameter_counts(state.params)), flush=True)
+    logging.info("%s", task.describe())
+  manager = checkpoints.make_manager(
+      checkpoints.checkpoint_dir(workdir), config.keep_checkpoints, config.async_checkpoints)
+  train_iter = task.train_iterator(
+      sharding.batch_shards(mesh) * config.gradient_accumulation_steps,
+      jax.process_index(), jax.process_count())
+  meta = dict(config=json.loads(config.to_json_best_effort()), **task.checkpoint_meta())
+  run = Run(config, workdir, task, mesh, model, train_fn, eval_fn, manager,
+            MetricsWriter(workdir, config.num_train_steps), meta)
+  return run, state, train_iter
+
+
+def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState:
+  """The latest readable checkpoint (state and data position), or a fresh run's files."""
+  model_dict = model_config_dict(run.config.model)
+
+  def check_meta(meta: dict) -> None:  # Before reading the state: a clear error, not Orbax's.
+    checkpoints.check_compatible(model_config_dict(meta["config"]["model"]), model_dict,
+                                 run.workdir)
+    run.task.check_checkpoint_meta(meta, run.workdir)
+
+  restored = checkpoints.restore_latest(
+      run.manager, checkpoints.abstract_like(state), check_meta=check_meta,
+      set_aside_unreadable=True)
+  if restored is not None:
+    state, data_state, _ = restored
+    train_iter.set_state(data_state)
+    logging.info("resumed from step %d", int(state.step))
+  elif jax.process_index() == 0:
+    run.task.write_run_files(run.workdir)
+    with open(os.path.join(run.workdir, "config.json"), "w") as f:
+      f.write(run.config.to_json_best_effort(indent=2))
+  # Rows a killed run logged after its last checkpoint (or before its first) are redone.
+  run.writer.truncate_after(int(state.step))
+  return state
+
+
+def evaluate(run: Run, params: Any) -> dict[str, float]:
+  """The task's dev row: its summed quantities over every dev example, then its metrics."""
+  totals: dict[str, float] = {}
+  batches = run.task.eval_batches(sharding.batch_shards(run.mesh), jax.process_index(),
+                                  jax.process_count())
+  for batch in batches:
+    batch = {k: v for k, v in batch.items() if k in run.task.batch_keys}
+    sums = jax.device_get(run.eval_fn(params, sharding.global_batch(batch, run.mesh)))
+    totals = {k: totals.get(k, 0.0) + float(v) for k, v in sums.items()}
+  return run.task.dev_metrics(run.model, params, totals, run.mesh)
+
+
+class Bookkeeping:
+  """Per-step decisions and records: when to log, save and evaluate, and the throughput window."""
+
+  def __init__(self, run: Run, start_step: int):
+    self.run, self.start_step = run, start_step
+    self.started = self.window_start = self.last_save_time = time.time()
+    self.window_tokens = 0.0
+    self.last_saved_step = start_step
+    self.preemption = PreemptionWatcher()
+
+  def after_step(self, step: int, state: TrainState, metrics: dict, train_iter: Any) -> bool:
+    """Logs, checks, saves and evaluates as due after `step`; True if preempted (saved)."""
+    config = self.run.config
+    is_last = step == config.num_train_steps
+    # Read once: a SIGTERM from here on waits a step. Every host must take the
+    # same decision (a save is collective): a signal or a timer on any host counts.
+    preempted, save_timer_due = sharding.any_process(
+        self.preemption.requested,
+        time.time() - self.last_save_time > 60 * config.checkpoint_every_minutes)
+    checkpoint_due = (step % config.checkpoint_every_steps == 0 or save_timer_due or preempted
+                      or is_last)
+    log_due = step % config.log_every_steps == 0 or is_last
+    self.window_tokens = self.window_tokens + metrics["tokens"]  # Stays on device: no sync.
+    self.run.writer.step_done(step)
+    if log_due or checkpoint_due:
+      metrics = jax.device_get(metrics)
+      if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
+        raise NonFiniteLossError(
+            f"the loss became {metrics['loss']} at step {step}; the last good checkpoint "
+            f"(step {self.last_saved_step}) is intact; lower the learning rate or enable "
+            "config.grad_clip_norm")
+    if log_due:
+      self.log(step, metrics)
+    if checkpoint_due:
+      checkpoints.save(self.run.manager, step, state, train_iter.get_state(),
+                       dict(self.run.meta, step=step))
+      self.last_saved_step, self.last_save_time = step, time.time()
+    if step % config.eval_every_steps == 0 or is_last:
+      dev = evaluate(self.run, state.params)
+      self.run.writer.write(dict(step=step, **dev), prefix="eval")
+      if jax.process_index() == 0:
+        logging.info("step %d dev: %s", step, dev)
+    return preempted
+
+  def log(self, step: int, metrics: dict) -> None:
+    now = time.time()
+    row = dict(
+        step=step, loss=metrics["loss"], perplexity=metrics["perplexity"],
+        learning_rate=metrics["learning_rate"], grad_norm=metrics["grad_norm"],
+        tokens_per_s=float(self.window_tokens) / max(now - self.window_start, 1e-9),
+        elapsed_s=now - self.started,
+    )
+    self.run.writer.write(row)
+    self.run.writer.console(dict(row, start_step=self.start_step))
+    self.window_start, self.window_tokens = now, 0.0
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> TrainState:
+  """Trains (or resumes) `task` to `config.num_train_steps`; returns the final state."""
+  run, state, train_iter = set_up(config, workdir, task)
+  state = restore_or_start(run, state, train_iter)
+  books = Bookkeeping(run, start_step=int(state.step))
+  previous_loss = None
+  try:
+    for step in range(books.start_step + 1, config.num_train_steps + 1):
+      batch = {k: v for k, v in next(train_iter).items() if k in task.batch_keys}
+      state, metrics = run.train_fn(state, sharding.global_batch(batch, run.mesh))
+      # Wait for the previous step while this one runs: the device stays busy, and the host
+      # is never more than a step ahead of it, so a SIGTERM's save waits for one step only
+      # (unbounded, the host queued ~20 steps of the Multi30k recipe on 2 CPU cores).
+      if previous_loss is not None:
+        jax.block_until_ready(previous_loss)
+      previous_loss = metrics["loss"]
+      if books.after_step(step, state, metrics, train_iter):
+        logging.warning("SIGTERM: saved step %d; exiting so the job can be resumed", step)
+        break
+  finally:
+    checkpoints.wait_until_finished(run.manager)
+    books.preemption.close()
+    run.writer.close()
+  return state
