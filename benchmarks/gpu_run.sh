@@ -30,10 +30,10 @@ mkdir -p "$LOGS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee "$LOGS/gpu.txt"
 
 failed=()
-run() {  # run NAME ARGS...: one benchmark, logged; a failure is counted, not fatal.
-  local name=$1; shift
-  echo "=== $name: experiments/benchmark.py $*"
-  if timeout "$TIMEOUT" "$PYTHON" experiments/benchmark.py --label="$name" "$@" \
+run() {  # run NAME SCRIPT ARGS...: one benchmark, logged; a failure is counted, not fatal.
+  local name=$1 script=$2; shift 2
+  echo "=== $name: benchmarks/$script $*"
+  if timeout "$TIMEOUT" "$PYTHON" "benchmarks/$script" --label="$name" "$@" \
       > "$LOGS/$name.log" 2>&1; then
     grep -v '^{' "$LOGS/$name.log" | grep -E '^\s{2}' | head -30
   else
@@ -47,23 +47,23 @@ BIG=(--config=experiments/configs/wmt14_big.py)
 BF16=(--config.model.dtype=bfloat16)
 BATCH_25K=(--batch_size=200 --src_len=128 --tgt_len=128 --steps="$STEPS")  # 25,600 + 25,600.
 
-run base_bf16_xla    "${BASE[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=xla --json
-run base_bf16_cudnn  "${BASE[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=cudnn --json
-run base_bf16_plain  "${BASE[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --json \
+run base_bf16_xla    train_step.py "${BASE[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=xla --json
+run base_bf16_cudnn  train_step.py "${BASE[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=cudnn --json
+run base_bf16_plain  train_step.py "${BASE[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --json \
     --profile_dir="$LOGS/profile_base_bf16"
-run base_f32_plain   "${BASE[@]}" "${BATCH_25K[@]}" --json
-run big_bf16_cudnn   "${BIG[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=cudnn --json
-run big_bf16_xla     "${BIG[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=xla --json
-run attention_bf16   --attention --attention_lengths=128,256,512,1024,2048,4096,8192,16384 \
+run base_f32_plain   train_step.py "${BASE[@]}" "${BATCH_25K[@]}" --json
+run big_bf16_cudnn   train_step.py "${BIG[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=cudnn --json
+run big_bf16_xla     train_step.py "${BIG[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=xla --json
+run attention_bf16   attention.py --attention_lengths=128,256,512,1024,2048,4096,8192,16384 \
     --attention_tokens=65536 --attention_max_seconds=30 --json
 for model in base big; do
   config=(--config=experiments/configs/wmt14_$model.py)
-  run "decode_${model}_bf16_b64" "${config[@]}" "${BF16[@]}" --decode --beam_size=4 \
+  run "decode_${model}_bf16_b64" decoding.py "${config[@]}" "${BF16[@]}" --beam_size=4 \
       --batch_size=64 --src_len=32 --decode_steps=40 --json
-  run "decode_${model}_bf16_b512" "${config[@]}" "${BF16[@]}" --decode --beam_size=4 \
+  run "decode_${model}_bf16_b512" decoding.py "${config[@]}" "${BF16[@]}" --beam_size=4 \
       --batch_size=512 --src_len=32 --decode_steps=40 --json
 done
-run decode_base_f32_b64 "${BASE[@]}" --decode --beam_size=4 --batch_size=64 --src_len=32 \
+run decode_base_f32_b64 decoding.py "${BASE[@]}" --beam_size=4 --batch_size=64 --src_len=32 \
     --decode_steps=40 --vocab_size=32000 --json  # The CPU command's shapes, for comparison.
 
 echo "=== done; results in benchmarks/results, summary in benchmarks/README.md"

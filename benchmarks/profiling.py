@@ -5,7 +5,7 @@ trace and attributes it through the optimized HLO: a category from the opcodes
 inside each fusion (a fusion holding a dot is `matmul`), a component from the
 op's Python stack and Flax name stack (`self_attention/`, `feed_forward/`,
 loss, Adam, ...), and the pass (forward / backward). Used by
-`experiments/benchmark.py --profile_dir`.
+`benchmarks/train_step.py --profile_dir` and `benchmarks/decoding.py --profile_dir`.
 """
 
 from __future__ import annotations
@@ -200,3 +200,18 @@ def _component(op_name: str, frames: list[tuple[str, str]]) -> str:
   if "train_step" in functions or "grad_fn" in op_name:
     return "step (grad scaling, metrics)"
   return "model (other)" if "Transformer" in op_name else "other"
+
+
+def profile_table(profile: Result, unit: str = "step") -> str:
+  if "error" in profile:
+    return f"  profile: {profile['error']}"
+  lines = [f"  profile: {profile['op_seconds_per_step'] * 1e3:.0f} ms of op time per {unit} "
+           "(summed over threads)"]
+  for key in ("by_category", "by_component", "by_pass"):
+    parts = ", ".join(f"{k} {v * 100:.0f}%" for k, v in profile[key].items())
+    lines.append(f"    {key[3:]}: {parts}")
+  lines.append("    top ops:")
+  for op in profile["top_ops"][:12]:
+    lines.append(f"      {op['share'] * 100:5.1f}% {op['seconds'] * 1e3:8.1f} ms  {op['op'][:28]:<28} "
+                 f"{op['category']:<22} {op['component']:<22} {op['shape']}")
+  return "\n".join(lines)

@@ -1,8 +1,11 @@
-"""PyTorch references for `experiments/benchmark.py --compare`: same shapes, same recipe.
+"""PyTorch references for the benchmarks' --compare: same shapes, same recipe.
 
-  python experiments/torch_reference.py train --vocab_size=32000 --batch_size=64 \
+Used by `benchmarks/train_step.py --compare=torch` and `benchmarks/decoding.py --compare=marian`;
+also runs alone:
+
+  python benchmarks/torch_reference.py train --vocab_size=32000 --batch_size=64 \
       --src_len=32 --tgt_len=32 --steps=5 --json
-  python experiments/torch_reference.py decode --vocab_size=32000 --batch_size=64 \
+  python benchmarks/torch_reference.py decode --vocab_size=32000 --batch_size=64 \
       --src_len=32 --decode_steps=40 --beam_size=4 --json
 
 train: `torch.nn.TransformerEncoderLayer` / `TransformerDecoderLayer` stacks (the
@@ -37,7 +40,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from timing import median_time  # experiments/timing.py (this folder is on sys.path)
+from timing import median_time  # benchmarks/timing.py (this folder is on sys.path)
 
 PAD_ID, BOS_ID, EOS_ID = 0, 2, 3  # As transformer_jax.special_tokens.
 
@@ -85,7 +88,7 @@ class TorchTransformer(nn.Module):
 
 
 def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:
-  """int64[rows, length]: random non-special tokens ending in EOS (as benchmark.py)."""
+  """int64[rows, length]: random non-special tokens ending in EOS (as benchmarks/common.py)."""
   tokens = np.random.default_rng(seed).integers(4, vocab_size, size=(rows, length))
   tokens[:, -1] = EOS_ID
   return torch.from_numpy(tokens.astype(np.int64))
@@ -97,7 +100,7 @@ def autocast(dtype: str):
 
 
 def make_train_step(args: argparse.Namespace) -> tuple[Callable[[], float], dict[str, Any]]:
-  """(step() -> loss, facts) for the reference model; `benchmark.py` alternates it with JAX's."""
+  """(step() -> loss, facts) for the reference model; `train_step.py` alternates it with JAX's."""
   torch.manual_seed(0)
   model = TorchTransformer(args.vocab_size, args.d_model, args.num_heads, args.d_ff,
                            args.encoder_layers, args.decoder_layers, args.dropout,

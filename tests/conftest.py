@@ -32,8 +32,9 @@ def shared_data_dir() -> pathlib.Path | None:
   return None
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
+  """The real corpora, or a skip that says how to provide them."""
   found = shared_data_dir()
   if found is None:
     pytest.skip(

@@ -1,4 +1,4 @@
-"""experiments/benchmark.py: the training and decoding benchmarks run and end in one JSON line."""
+"""benchmarks/*.py: each question's script runs, ends in one JSON line and rebuilds the summary."""
 
 from __future__ import annotations
 
@@ -13,20 +13,20 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 TINY = ["--config=experiments/configs/tiny.py", "--vocab_size=600", "--batch_size=4",
-        "--src_len=8", "--steps=2", "--warmup=1", "--peak_matmul_size=128", "--json"]
+        "--src_len=8", "--json"]
 
 
-def run_benchmark(tmp_path, *args: str) -> dict:
-  """Runs the benchmark on one CPU device; returns its last line, parsed as JSON."""
+def run_benchmark(tmp_path, script: str, *args: str) -> dict:
+  """Runs benchmarks/<script> on one CPU device; returns its last line, parsed as JSON."""
   env = dict(os.environ)
   # One device (not the suite's 8 simulated ones): a benchmark of the plain step.
   env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
   completed = subprocess.run(
-      [sys.executable, "experiments/benchmark.py", *TINY, *args,
+      [sys.executable, f"benchmarks/{script}", *args,
        f"--results_dir={tmp_path / 'results'}", f"--summary={tmp_path / 'README.md'}"],
       cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
   )
-  assert completed.returncode == 0, f"benchmark failed:\n{completed.stderr[-3000:]}"
+  assert completed.returncode == 0, f"{script} failed:\n{completed.stderr[-3000:]}"
   last = completed.stdout.strip().splitlines()[-1]
   try:
     return json.loads(last)
@@ -34,19 +34,21 @@ def run_benchmark(tmp_path, *args: str) -> dict:
     pytest.fail(f"the last line printed is not JSON: {last[:300]!r}")
 
 
-def test_training_benchmark_ends_in_json(tmp_path):
-  result = run_benchmark(tmp_path, "--tgt_len=8")
+def test_train_step_benchmark_ends_in_json(tmp_path):
+  result = run_benchmark(tmp_path, "train_step.py", *TINY, "--tgt_len=8", "--steps=2",
+                         "--warmup=1", "--peak_matmul_size=128")
   for key in ("target_tokens_per_s", "step_time_s", "mfu", "compile_s", "peak_memory_bytes",
-              "flops_per_step", "flops_source", "load_average"):
+              "flops_per_step", "flops_source", "load_average", "device"):
     assert key in result, f"training result lacks {key!r}: {sorted(result)}"
   assert result["target_tokens_per_s"] > 0
+  assert result["device"]["host_cpu"], "the CPU's model name is recorded with every row"
   saved = list((tmp_path / "results").glob("*.json"))
   assert len(saved) == 1, f"expected one results file, found {saved}"
   assert "### Training step" in (tmp_path / "README.md").read_text()
 
 
 def test_decoding_benchmark_ends_in_json_and_profiles_each_method(tmp_path):
-  result = run_benchmark(tmp_path, "--decode", "--beam_size=2", "--decode_steps=10",
+  result = run_benchmark(tmp_path, "decoding.py", *TINY, "--beam_size=2", "--decode_steps=10",
                          "--decode_repeats=1", f"--profile_dir={tmp_path / 'profile'}")
   for key in ("sentences_per_s", "tokens_per_s", "methods"):
     assert key in result, f"decoding result lacks {key!r}: {sorted(result)}"
@@ -57,3 +59,17 @@ def test_decoding_benchmark_ends_in_json_and_profiles_each_method(tmp_path):
     assert "error" not in profile, profile
     assert abs(sum(profile["by_category"].values()) - 1) < 0.01, profile["by_category"]
     assert profile["top_ops"] and (tmp_path / "profile" / method / f"decode_{method}.hlo.txt").exists()
+
+
+def test_attention_and_input_pipeline_benchmarks_end_in_json(tmp_path):
+  attention = run_benchmark(tmp_path, "attention.py", "--attention_lengths=16,32",
+                            "--attention_tokens=64", "--json")
+  assert [row["length"] for row in attention["rows"] if row["impl"] == "plain"] == [16, 32]
+  assert all(row["forward_s"] > 0 for row in attention["rows"]), attention["rows"]
+  pipeline = run_benchmark(tmp_path, "input_pipeline.py", "--config=experiments/configs/tiny.py",
+                           f"--config.data.prepared_dir={tmp_path / 'prepared'}",
+                           "--seconds=0.3", "--json")
+  assert pipeline["batches_per_s"] > 0 and pipeline["tokens_per_s"] > 0, pipeline
+  summary = (tmp_path / "README.md").read_text()
+  assert "### Attention against sequence length" in summary
+  assert "### Input pipeline" in summary

@@ -1,9 +1,9 @@
 """The small benchmark shapes: 3+3 layers, d_model 256, h 4, d_ff 1024, 8k vocabulary.
 
-  python experiments/benchmark.py --config=experiments/configs/bench_small.py \
+  python benchmarks/train_step.py --config=experiments/configs/bench_small.py \
       --batch_size=64 --src_len=32 --tgt_len=32 --vocab_size=8000 --steps=10 --json --compare=torch
 
-The "tiny shapes" of ../shared/ENVIRONMENT.md, where a naive Flax port ran at
+The "tiny shapes" of the shared environment notes, where a naive Flax port ran at
 0.85x torch.nn.Transformer (2,084 vs 2,463 target tokens/s). Until 2026-12-01
 these were the Multi30k recipe's shapes (with 8 heads), which is why older
 rows of benchmarks/README.md call them `multi30k`. It also trains Multi30k

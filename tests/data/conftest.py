@@ -1,29 +1,10 @@
-"""Fixtures for the data tests: the real data folder and prepared corpora."""
+"""Fixtures for the data tests: prepared corpora (the real data folder is tests/conftest.py's)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-
-def real_data_root() -> Path | None:
-  """$TRANSFORMER_JAX_DATA_DIR, else ../shared/data beside the repository."""
-  for candidate in (os.environ.get("TRANSFORMER_JAX_DATA_DIR"),
-                    Path(__file__).resolve().parents[2] / ".." / "shared" / "data"):
-    if candidate and (Path(candidate) / "multi30k" / "train.en").is_file():
-      return Path(candidate).resolve()
-  return None
-
-
-@pytest.fixture(scope="session")
-def real_data() -> Path:
-  root = real_data_root()
-  if root is None:
-    pytest.skip("real data not found: set TRANSFORMER_JAX_DATA_DIR to the folder "
-                "holding multi30k/ (CI has it at ../shared/data)")
-  return root
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +14,9 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def multi30k(real_data, cache_dir):
+def multi30k(data_dir, cache_dir):
   from transformer_jax.data import pipeline
-  return pipeline.load_dataset({"dataset": "multi30k", "data_dir": str(real_data),
+  return pipeline.load_dataset({"dataset": "multi30k", "data_dir": str(data_dir),
                                 "prepared_dir": str(cache_dir)})
 
 

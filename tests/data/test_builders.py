@@ -25,15 +25,15 @@ class _FakeDownloads:
     return {name: self.folder / name for name in urls}
 
 
-def test_multi30k_download_path_checks_sha256(real_data, tmp_path):
-  fake = _FakeDownloads(real_data / "multi30k")
+def test_multi30k_download_path_checks_sha256(data_dir, tmp_path):
+  fake = _FakeDownloads(data_dir / "multi30k")
   files = builders.Multi30k._download(fake, "raw")
   assert fake.urls["train.en"].startswith("https://raw.githubusercontent.com/multi30k/")
   assert fake.urls["test2016.de"].endswith("test_2016_flickr.de.gz")
-  assert files["val"]["de"] == real_data / "multi30k" / "val.de"
+  assert files["val"]["de"] == data_dir / "multi30k" / "val.de"
   (tmp_path / "train.en").write_text("tampered\n")
   for name in ("train.de", "val.en", "val.de", "test2016.en", "test2016.de"):
-    (tmp_path / name).write_bytes((real_data / "multi30k" / name).read_bytes())
+    (tmp_path / name).write_bytes((data_dir / "multi30k" / name).read_bytes())
   with pytest.raises(UserError, match="train.en has sha256"):
     builders.Multi30k._download(_FakeDownloads(tmp_path), "raw")
 
@@ -44,14 +44,14 @@ def test_multi30k_download_failure_is_a_user_error():
   assert "multi30k/tok" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_multi30k_tok_variant(real_data, cache_dir):
+def test_multi30k_tok_variant(data_dir, cache_dir):
   cfg = pipeline.resolve_data_config({"dataset": "multi30k", "variant": "tok",
-                                      "data_dir": str(real_data),
+                                      "data_dir": str(data_dir),
                                       "source_lang": "de", "target_lang": "en"})
   prepared = builders.prepare(cfg, cache_dir / "tfds")
   assert prepared.splits == {"train": 29_000, "val": 1_014, "test2016": 1_000}
   src, tgt = prepared.read("test2016")
-  tok_dir = real_data / "multi30k" / "tok"
+  tok_dir = data_dir / "multi30k" / "tok"
   assert src[0] == (tok_dir / "test2016.de").read_text("utf-8").split("\n")[0]
   assert tgt[-1] == (tok_dir / "test2016.en").read_text("utf-8").split("\n")[-2]
   assert prepared.key == "multi30k-tok-1.0.0"

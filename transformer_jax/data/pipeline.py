@@ -8,16 +8,14 @@ are grain `MapDataset`s over precomputed batch plans (`batching.py`): a
 deterministic grain shuffle of the batch order and a map that assembles this
 host's rows, read by index so a restored iterator continues exactly.
 
-Measure throughput: `python -m transformer_jax.data.pipeline --dataset multi30k`.
+Its throughput: `benchmarks/input_pipeline.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 import tempfile
-import time
 from typing import Any, Iterator, Mapping
 
 from absl import logging
@@ -296,44 +294,3 @@ def _filter_train(split: batching.TokenizedSplit, max_len: int):
   if len(keep) < len(split):
     split = split.subset(keep)
   return split, keep, {"empty": int(empty.sum()), "too_long": int(too_long.sum())}
-
-
-def measure_throughput(data: TranslationData, seconds: float = 3.0,
-                       batch_multiple: int = 1) -> dict[str, float]:
-  """Batches/s and tokens/s of `data.train_iterator` (non-PAD src+target)."""
-  it = data.train_iterator(batch_multiple)
-  next(it)  # Plan of epoch 0.
-  start, batches, real, slots = time.perf_counter(), 0, 0, 0
-  while time.perf_counter() - start < seconds:
-    b = next(it)
-    batches += 1
-    real += int((b["src_tokens"] != 0).sum() + (b["target_tokens"] != 0).sum())
-    slots += b["src_tokens"].size + b["target_tokens"].size
-  elapsed = time.perf_counter() - start
-  return {"batches_per_s": batches / elapsed, "tokens_per_s": real / elapsed,
-          "padded_tokens_per_s": slots / elapsed,
-          "padding_fraction": it.padding_fraction(0), "epochs": it.epoch}
-
-
-def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=measure_throughput.__doc__)
-  parser.add_argument("--dataset", default="multi30k", choices=DATASETS)
-  parser.add_argument("--data_dir", default=None)
-  parser.add_argument("--prepared_dir", default=None)
-  parser.add_argument("--tokens_per_batch", type=int, default=4096)
-  parser.add_argument("--pack", action="store_true")
-  parser.add_argument("--seconds", type=float, default=3.0)
-  args = parser.parse_args(argv)
-  logging.set_verbosity(logging.INFO)
-  start = time.perf_counter()
-  data = load_dataset({"dataset": args.dataset, "data_dir": args.data_dir,
-                       "prepared_dir": args.prepared_dir, "pack": args.pack,
-                       "tokens_per_batch": args.tokens_per_batch})
-  print(f"load_dataset: {time.perf_counter() - start:.2f} s, splits {data.split_sizes}")
-  for k, v in measure_throughput(data, args.seconds).items():
-    print(f"{k}: {v:,.3f}")
-
-
-if __name__ == "__main__":
-  from transformer_jax.errors import exit_on_user_error
-  exit_on_user_error(main)()
