@@ -14,7 +14,7 @@ import types
 
 import ml_collections
 
-from transformer_jax.data.pipeline import default_data_config
+from transformer_jax.data.config import default_data_config
 from transformer_jax.errors import UserError
 from transformer_jax.model.config import ModelConfig, default_model_config
 

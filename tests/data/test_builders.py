@@ -1,4 +1,5 @@
-"""TFDS builders: Multi30k variants and its download path (checksummed)."""
+"""Resolving a corpus and preparing it with the TFDS builders: Multi30k variants, its
+checksummed download path, split names and the config's mistakes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import ml_collections
 import pytest
 
 from transformer_jax.data import builders
-from transformer_jax.data import pipeline
+from transformer_jax.data.config import resolve_data_config, split_names
+from transformer_jax.data.corpus import resolve_corpus
 from transformer_jax.errors import UserError
 
 
@@ -45,10 +47,10 @@ def test_multi30k_download_failure_is_a_user_error():
 
 
 def test_multi30k_tok_variant(data_dir, cache_dir):
-  cfg = pipeline.resolve_data_config({"dataset": "multi30k", "variant": "tok",
-                                      "data_dir": str(data_dir),
-                                      "source_lang": "de", "target_lang": "en"})
-  prepared = builders.prepare(cfg, cache_dir / "tfds")
+  corpus = resolve_corpus(resolve_data_config({
+      "dataset": "multi30k", "variant": "tok", "data_dir": str(data_dir),
+      "prepared_dir": str(cache_dir), "source_lang": "de", "target_lang": "en"}))
+  prepared = builders.prepare(corpus, cache_dir / "tfds")
   assert prepared.splits == {"train": 29_000, "val": 1_014, "test2016": 1_000}
   src, tgt = prepared.read("test2016")
   tok_dir = data_dir / "multi30k" / "tok"
@@ -58,17 +60,15 @@ def test_multi30k_tok_variant(data_dir, cache_dir):
 
 
 def test_language_and_variant_errors():
-  cfg = pipeline.resolve_data_config({"dataset": "multi30k", "source_lang": "fr"})
   with pytest.raises(UserError, match="'en' and 'de'"):
-    builders.prepare(cfg, Path("/nonexistent"))
-  cfg = pipeline.resolve_data_config({"dataset": "multi30k", "variant": "bpe"})
+    resolve_corpus(resolve_data_config({"dataset": "multi30k", "source_lang": "fr"}))
   with pytest.raises(UserError, match="variant='bpe'"):
-    builders.prepare(cfg, Path("/nonexistent"))
+    resolve_corpus(resolve_data_config({"dataset": "multi30k", "variant": "bpe"}))
 
 
 def test_default_split_names():
-  assert builders.split_names(ml_collections.ConfigDict(
+  assert split_names(ml_collections.ConfigDict(
       {"dataset": "multi30k", "train_split": None, "eval_split": None,
        "test_split": None})) == ("train", "val", "test2016")
-  assert builders.split_names(pipeline.resolve_data_config(
+  assert split_names(resolve_data_config(
       {"eval_split": "test"})) == ("train", "test", "test")

@@ -10,6 +10,7 @@ import pytest
 
 from transformer_jax.data import builders
 from transformer_jax.data import pipeline
+from transformer_jax.data.config import default_data_config
 from transformer_jax.data import text_files
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.errors import UserError
@@ -147,7 +148,7 @@ def test_config_errors(tmp_path, monkeypatch):
                            "prepared_dir": str(tmp_path / "cache")})
   with pytest.raises(UserError, match="train_source"):
     pipeline.load_dataset({"dataset": "plain_text", "prepared_dir": str(tmp_path)})
-  assert set(pipeline.default_data_config()) >= {
+  assert set(default_data_config()) >= {
       "dataset", "data_dir", "prepared_dir", "variant", "source_lang", "target_lang",
       "train_split", "eval_split", "test_split", "plain_text", "num_generated_train",
       "seed", "vocab_size", "tokenizer_type", "max_len", "tokens_per_batch",

@@ -33,18 +33,10 @@ from array_record.python import array_record_module
 from tensorflow_datasets.proto import tf_example_pb2
 
 from transformer_jax.data import generated
+from transformer_jax.data.corpus import Corpus
 from transformer_jax.data import text_files
 from transformer_jax.errors import UserError
 
-DATASETS = ("generated_translation", "multi30k", "wmt14", "newstest", "plain_text")
-DEFAULT_SPLITS = {  # (train, eval, test) split names.
-    "generated_translation": ("train", "validation", "test"),
-    "multi30k": ("train", "val", "test2016"),
-    "wmt14": ("train", "validation", "test"),
-    # newstest has no training data: train on it only for smoke tests.
-    "newstest": ("newstest2013", "newstest2013", "newstest2014"),
-    "plain_text": ("train", "validation", "test"),
-}
 _FEATURES = {"en": tfds.features.Text(), "de": tfds.features.Text()}
 _DOWNLOAD_CONFIG = dict(try_download_gcs=False)
 
@@ -294,87 +286,33 @@ def _prepare(builder: tfds.core.DatasetBuilder, **download_config) -> None:
                                                      **download_config))
 
 
-def _plain_text_files(cfg) -> dict[str, tuple[str, str]]:
-  names = dict(zip(("train", "eval", "test"), split_names(cfg)))
-  files = {}
-  for role in ("train", "eval", "test"):
-    src, tgt = cfg.plain_text[f"{role}_source"], cfg.plain_text[f"{role}_target"]
-    if bool(src) != bool(tgt):
-      raise UserError(f"plain_text.{role}_source and plain_text.{role}_target "
-                      "must be given together")
-    if src:
-      files[names[role]] = (src, tgt)
-  if names["train"] not in files:
-    raise UserError("dataset='plain_text' needs --config.data.plain_text."
-                    "train_source and .train_target (line-aligned files)")
-  return files
-
-
-def split_names(cfg) -> tuple[str, str, str]:
-  """(train, eval, test) split names: the config's, or the dataset's own."""
-  defaults = DEFAULT_SPLITS[check_dataset_name(cfg.dataset)]
-  return tuple(cfg.get(k) or d for k, d in
-               zip(("train_split", "eval_split", "test_split"), defaults))
-
-
-def check_dataset_name(name: str) -> str:
-  if name not in DATASETS:
-    raise UserError(f"unknown dataset {name!r}; use one of {', '.join(DATASETS)}")
-  return name
-
-
-def prepare(cfg, tfds_dir: Path) -> PreparedDataset:
-  """Prepares (once) the dataset named by data config `cfg` in `tfds_dir`."""
-  name = check_dataset_name(cfg.dataset)
-  errors = "replace" if cfg.replace_invalid_utf8 else "strict"
-  src_feat, tgt_feat = cfg.source_lang, cfg.target_lang
-  if name != "plain_text" and {src_feat, tgt_feat} != {"en", "de"}:
-    raise UserError(f"source_lang={src_feat!r}, target_lang={tgt_feat!r}: "
-                    f"{name} is English-German; use 'en' and 'de' in either order")
-  if name == "generated_translation":
-    config = GeneratedConfig(seed=cfg.seed, num_train=cfg.num_generated_train,
-                             num_eval=cfg.num_generated_eval)
+def prepare(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
+  """Prepares (once) the resolved `corpus` in `tfds_dir` as array_record files."""
+  if corpus.name == "generated_translation":
+    config = GeneratedConfig(seed=corpus.seed, num_train=corpus.num_generated_train,
+                             num_eval=corpus.num_generated_eval)
     if config.name == GeneratedTranslation.BUILDER_CONFIGS[0].name:
       config = config.name  # TFDS refuses a new object named like a listed one.
     builder = GeneratedTranslation(config=config, data_dir=os.fspath(tfds_dir),
                                    file_format="array_record")
     _prepare(builder)
-  elif name == "multi30k":
-    if cfg.variant not in text_files.MULTI30K_VARIANTS:
-      raise UserError(f"variant={cfg.variant!r} is not one of "
-                      f"{text_files.MULTI30K_VARIANTS}")
-    builder = Multi30k(config=cfg.variant, data_dir=os.fspath(tfds_dir),
+  elif corpus.name == "multi30k":
+    builder = Multi30k(config=corpus.variant, data_dir=os.fspath(tfds_dir),
                        file_format="array_record")
-    builder.errors = errors
+    builder.errors = corpus.errors
     if not builder.is_prepared():
-      manual = _multi30k_manual_dir(cfg)
-      _prepare(builder, manual_dir=manual)
-  elif name == "wmt14":
+      _prepare(builder, manual_dir=corpus.manual_dir)
+  elif corpus.name == "wmt14":
     builder = _wmt14_builder(tfds_dir)
-  else:
-    if name == "newstest":
-      files = {s: text_files.newstest_files(cfg.data_dir, s, "en", "de")
-               for s in text_files.NEWSTEST_SPLITS}
-    else:
-      files = _plain_text_files(cfg)
-      src_feat, tgt_feat = "en", "de"  # Fields hold source and target.
-    builder = PlainText(config=PlainTextConfig(files=files, errors=errors, prefix=name),
+  else:  # newstest, plain_text: the files the corpus names.
+    builder = PlainText(config=PlainTextConfig(files=corpus.files, errors=corpus.errors,
+                                               prefix=corpus.name),
                         data_dir=os.fspath(tfds_dir), file_format="array_record")
     _prepare(builder)
   splits = {s: info.num_examples for s, info in builder.info.splits.items()}
   key = f"{builder.name}-{builder.builder_config.name}-{builder.version}"
-  return PreparedDataset(key=key, splits=splits, source_feature=src_feat,
-                         target_feature=tgt_feat, builder=builder)
-
-
-def _multi30k_manual_dir(cfg) -> str | None:
-  """The manual dir `<data_dir>/multi30k`, or None (download) if no data_dir."""
-  root = cfg.data_dir or os.environ.get(text_files.DATA_DIR_ENV)
-  if not root:
-    return None
-  # Raises a UserError naming the expected files if any is missing.
-  folder = text_files.multi30k_dir(root, cfg.variant)
-  return os.fspath(folder.parent if cfg.variant == "tok" else folder)
+  return PreparedDataset(key=key, splits=splits, source_feature=corpus.source_feature,
+                         target_feature=corpus.target_feature, builder=builder)
 
 
 def _wmt14_builder(tfds_dir: Path) -> tfds.core.DatasetBuilder:

@@ -1,4 +1,4 @@
-"""The input pipeline: config, one-time preparation, in-memory token ids.
+"""The input pipeline: one data config in, in-memory token ids and batch iterators out.
 
 `load_dataset(config.data)` prepares the corpus (TFDS array_record, once),
 trains or loads the shared SentencePiece vocabulary (once), tokenizes every
@@ -13,104 +13,20 @@ Its throughput: `benchmarks/input_pipeline.py`.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-import tempfile
 from typing import Any, Iterator, Mapping
 
 from absl import logging
 import ml_collections
-from ml_collections import config_dict
 import grain
 import numpy as np
 
 from transformer_jax.data import batching
 from transformer_jax.data import builders
-from transformer_jax.data import text_files
+from transformer_jax.data import tokenized
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data.config import resolve_data_config
+from transformer_jax.data.corpus import resolve_corpus
 from transformer_jax.errors import UserError
-
-DATASETS = builders.DATASETS
-# The toy corpus has ~800 word types: 2k pieces keep every word whole.
-DEFAULT_VOCAB_SIZES = {"generated_translation": 2_000, "multi30k": 8_000,
-                       "wmt14": 32_000, "newstest": 8_000, "plain_text": 8_000}
-
-
-def default_data_config() -> ml_collections.ConfigDict:
-  """The `data` section of an experiment config, with every key."""
-  c = ml_collections.ConfigDict()
-  # One of DATASETS. newstest = newstest2013/2014 only (no training data).
-  c.dataset = "generated_translation"
-  # Folder holding multi30k/ and wmt-newstest-en-de/; None: $TRANSFORMER_JAX_DATA_DIR.
-  c.data_dir = config_dict.placeholder(str)
-  # Writable cache for prepared records, tokenizers and token ids; None:
-  # $TRANSFORMER_JAX_CACHE_DIR, else ~/.cache/transformer_jax.
-  c.prepared_dir = config_dict.placeholder(str)
-  c.variant = "raw"  # multi30k: 'raw' (cased) or 'tok' (lowercased, tokenized).
-  c.source_lang = "en"
-  c.target_lang = "de"
-  # Split names; None: the dataset's own (multi30k: train/val/test2016;
-  # generated_translation, wmt14, plain_text: train/validation/test).
-  c.train_split = config_dict.placeholder(str)
-  c.eval_split = config_dict.placeholder(str)
-  c.test_split = config_dict.placeholder(str)
-  # dataset='plain_text': line-aligned UTF-8 files; eval and test optional.
-  c.plain_text = ml_collections.ConfigDict(
-      {f"{role}_{side}": config_dict.placeholder(str)
-       for role in ("train", "eval", "test") for side in ("source", "target")})
-  c.num_generated_train = 200_000  # generated_translation: training pairs.
-  c.num_generated_eval = 1_000  # generated_translation: validation = test size.
-  c.seed = 0  # Corpus generation and the per-epoch shuffle.
-  # Shared SentencePiece vocabulary (both languages); None: the dataset's
-  # default (DEFAULT_VOCAB_SIZES).
-  c.vocab_size = config_dict.placeholder(int)
-  c.tokenizer_type = "bpe"  # 'bpe' or 'unigram'.
-  # Training pairs only: BPE-dropout (Provilkov et al., 2020), each merge skipped with
-  # this probability, both sides segmented anew every epoch; 0: off. A BPE tokenizer only.
-  c.bpe_dropout = 0.0
-  c.max_len = 128  # Tokens incl. EOS; longer training pairs are dropped (counted).
-  c.tokens_per_batch = 4_096  # Budget: rows * padded_len <= this, src and target.
-  # Padded lengths (shapes); those above max_len are unused in training.
-  c.bucket_boundaries = (8, 10, 12, 14, 16, 18, 20, 22, 24, 28, 32, 40, 48, 64, 96,
-                         128, 192, 256)
-  c.pack = False  # Pack several pairs per row of max_len (adds segment ids).
-  c.replace_invalid_utf8 = False  # plain_text/multi30k: U+FFFD instead of an error.
-  return c
-
-
-def resolve_data_config(data_config: Mapping[str, Any] | None) -> ml_collections.ConfigDict:
-  """`data_config` over the defaults; unknown keys or datasets are UserErrors."""
-  merged = default_data_config().to_dict()
-  given = dict(data_config or {})
-  for key, value in given.items():
-    if key not in merged:
-      raise UserError(f"unknown data config key {key!r}; valid keys: "
-                      f"{', '.join(sorted(merged))}")
-    if key == "plain_text" and value is not None:
-      value = dict(value)
-      for k in value:
-        if k not in merged["plain_text"]:
-          raise UserError(f"unknown key plain_text.{k}; valid: "
-                          f"{', '.join(merged['plain_text'])}")
-      merged["plain_text"].update(value)
-    else:
-      merged[key] = value
-  if merged["dataset"] not in DATASETS:
-    raise UserError(f"unknown dataset {merged['dataset']!r}; use one of "
-                    f"{', '.join(DATASETS)}")
-  merged["bucket_boundaries"] = tuple(int(b) for b in merged["bucket_boundaries"])
-  if merged["vocab_size"] is None:
-    merged["vocab_size"] = DEFAULT_VOCAB_SIZES[merged["dataset"]]
-  for key in ("max_len", "tokens_per_batch", "vocab_size", "num_generated_train"):
-    if int(merged[key]) < 1:
-      raise UserError(f"data.{key}={merged[key]} must be positive")
-  if not 0.0 <= float(merged["bpe_dropout"]) < 1.0:
-    raise UserError(f"data.bpe_dropout={merged['bpe_dropout']} must be in [0, 1) "
-                    "(Provilkov et al. use 0.1)")
-  if merged["bpe_dropout"] > 0 and merged["tokenizer_type"] != "bpe":
-    raise UserError(f"data.bpe_dropout needs data.tokenizer_type='bpe', not "
-                    f"{merged['tokenizer_type']!r}; set one of them")
-  return ml_collections.ConfigDict(merged)
 
 
 class TranslationData:
@@ -213,11 +129,16 @@ class TranslationData:
 
 
 def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationData:
-  """Prepares (or loads cached) data, tokenizer and token ids."""
+  """Prepares (or loads cached) data, tokenizer and token ids, in that order.
+
+  config -> corpus (`corpus.py`) -> prepared records (`builders.py`) -> tokenizer
+  (`tokenizer.py`) -> token ids (`tokenized.py`) -> batch plans (`batching.py`).
+  """
   cfg = resolve_data_config(data_config)
-  root = text_files.resolve_prepared_dir(cfg.prepared_dir)
-  prepared = builders.prepare(cfg, root / "tfds")
-  names = list(builders.split_names(cfg))
+  corpus = resolve_corpus(cfg)
+  root = corpus.cache_dir
+  prepared = builders.prepare(corpus, root / "tfds")
+  names = list(corpus.split_names)
   for i, (name, key) in enumerate(zip(names, ("train_split", "eval_split", "test_split"))):
     if name not in prepared.splits:
       if i > 0 and cfg[key] is None:  # A default eval/test split may be absent.
@@ -241,10 +162,10 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
   tok = tokenizer_lib.cached_tokenizer(
       root / "tokenizers", prepared.key, cfg.vocab_size, cfg.tokenizer_type,
       training_text)
-  splits = {name: _tokenized(root / "tokenized", prepared, tok, name, read)
+  splits = {name: tokenized.tokenize_split(root / "tokenized", prepared, tok, name, read)
             for name in dict.fromkeys(names[1:]) if name is not None}
-  train, train_lines, filtered = _filter_train(
-      splits.get(names[0]) or _tokenized(root / "tokenized", prepared, tok, names[0], read),
+  train, train_lines, filtered = tokenized.filter_train(
+      splits.get(names[0]) or tokenized.tokenize_split(root / "tokenized", prepared, tok, names[0], read),
       cfg.max_len)
   sizes = {n: prepared.splits[n] for n in names if n is not None}
   logging.info(
@@ -262,35 +183,3 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
 
   return TranslationData(cfg, tok, splits, train, tuple(names), sizes, reader, filtered,
                          train_lines)
-
-
-def _tokenized(cache_dir: Path, prepared, tok, split: str, read) -> batching.TokenizedSplit:
-  """Token ids of a split, from `<cache_dir>/<data>-<tokenizer>-<split>.npz`."""
-  path = cache_dir / f"{prepared.key}-{tok.sha256[:16]}-{split}.npz"
-  fields = {}
-  if path.is_file():
-    with np.load(path) as z:
-      fields = {k: z[k] for k in z.files}
-  else:
-    src, tgt = read(split)
-    for feat, lines in ((prepared.source_feature, src), (prepared.target_feature, tgt)):
-      fields[feat], fields[f"{feat}_offsets"] = batching.ragged(tok.encode_batch(lines))
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-      np.savez(f, **fields)
-    os.replace(tmp, path)  # Atomic: readers never see a partial file.
-  s, t = prepared.source_feature, prepared.target_feature
-  return batching.TokenizedSplit(fields[s], fields[f"{s}_offsets"],
-                                 fields[t], fields[f"{t}_offsets"])
-
-
-def _filter_train(split: batching.TokenizedSplit, max_len: int):
-  """(kept pairs, their indices, counts) after dropping pairs with an empty
-  side or a side longer than max_len."""
-  empty = (split.src_lengths <= 1) | (split.tgt_lengths <= 1)  # Only EOS.
-  too_long = ~empty & (np.maximum(split.src_lengths, split.tgt_lengths) > max_len)
-  keep = np.flatnonzero(~empty & ~too_long)
-  if len(keep) < len(split):
-    split = split.subset(keep)
-  return split, keep, {"empty": int(empty.sum()), "too_long": int(too_long.sum())}
