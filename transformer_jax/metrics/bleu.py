@@ -7,7 +7,7 @@ the 0-100 scale.
 * `sacre_bleu`: sacreBLEU (13a tokenizer, cased), the comparable number.
 * `paper_bleu`: the paper's number (§6.1): Moses-tokenized, compound-split
   BLEU as in tensor2tensor's ``get_ende_bleu.sh``. It reads about 1 to 1.5
-  points higher than sacreBLEU on newstest2014 (tensor2tensor issue 317).
+  points higher than sacreBLEU on newstest2014 (tensor2tensor report #317).
 * `tok_bleu`: tokenized, lowercased BLEU, the Multi30k literature's number.
 * `chrf`: sacreBLEU's chrF2.
 
