@@ -22,7 +22,7 @@ from transformer_jax.model.config import ModelConfig, default_model_config
 def default_config() -> ml_collections.ConfigDict:
   """The paper's base recipe (§5) with small-machine logging defaults."""
   config = ml_collections.ConfigDict()
-  config.task = "translation"  # tasks/registry.py: what is trained and how it is evaluated.
+  config.task = "translation"  # "translation" | "causal_lm" (tasks/registry.py).
   config.model = default_model_config()
   config.data = default_data_config()
   # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
   if len(sources) != len(references):
     raise UserError(f"--source has {len(sources)} lines but --reference has {len(references)}")
   options = common.decode_options()
-  run = load_run(workdir, FLAGS.checkpoint)
+  run = load_run(workdir, FLAGS.checkpoint, expected_task="translation")
   scores, hypotheses = evaluate_texts(run, sources, references, options, FLAGS.tokens_per_batch)
   out_dir = os.path.join(os.path.abspath(workdir), "hypotheses")
   os.makedirs(out_dir, exist_ok=True)

@@ -29,7 +29,7 @@ def main(argv: list[str]) -> None:
   workdir = common.require_workdir()
   options = common.decode_options()
   lines = common.read_lines(sys.stdin.buffer, FLAGS.replace_invalid_utf8)
-  run = load_run(workdir, FLAGS.checkpoint)
+  run = load_run(workdir, FLAGS.checkpoint, expected_task="translation")
   for line in translate_lines(run, lines, options, FLAGS.tokens_per_batch):
     sys.stdout.write(line.replace("\n", " ") + "\n")
   sys.stdout.flush()

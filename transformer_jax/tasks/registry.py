@@ -7,11 +7,13 @@ from jax.sharding import Mesh
 
 from transformer_jax.errors import UserError
 from transformer_jax.tasks.base import Task
+from transformer_jax.tasks.causal_lm import CausalLMTask
 from transformer_jax.tasks.translation import TranslationTask
 from transformer_jax.training.run_dir import LoadedRun, read_config
 
 TASKS: dict[str, type[Task]] = {
     TranslationTask.name: TranslationTask,
+    CausalLMTask.name: CausalLMTask,
 }
 
 
@@ -23,6 +25,15 @@ def make_task(config: ml_collections.ConfigDict) -> Task:
   return TASKS[name](config)
 
 
-def load_run(workdir: str, checkpoint: str = "latest", mesh: Mesh | None = None) -> LoadedRun:
-  """`checkpoint` ("latest", "averaged" or a step) of the run in `workdir`, whatever its task."""
-  return make_task(read_config(workdir)).load_run(workdir, checkpoint, mesh)
+def load_run(workdir: str, checkpoint: str = "latest", mesh: Mesh | None = None,
+             expected_task: str | None = None) -> LoadedRun:
+  """`checkpoint` ("latest", "averaged" or a step) of the run in `workdir`.
+
+  With `expected_task`, a run of another task is a one-line UserError naming it.
+  """
+  config = read_config(workdir)
+  task = make_task(config)
+  if expected_task is not None and task.name != expected_task:
+    raise UserError(f"{workdir} is a run of config.task={task.name!r}; this command needs a "
+                    f"{expected_task} run")
+  return task.load_run(workdir, checkpoint, mesh)

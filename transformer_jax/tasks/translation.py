@@ -5,25 +5,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh
 
-from transformer_jax.data.pipeline import TranslationData, load_dataset
 from transformer_jax.decode.translator import DecodeOptions, Translator, translate_lines, translate_texts
-from transformer_jax.errors import UserError
 from transformer_jax.metrics.bleu import all_scores, sacre_bleu
 from transformer_jax.model.transformer import Transformer, shift_right
-from transformer_jax.special_tokens import PAD_ID
-from transformer_jax.tasks.base import BatchIterator, Task
-from transformer_jax.training.losses import smoothing_entropy, token_losses
+from transformer_jax.tasks.corpus import CorpusTask
+from transformer_jax.training.losses import loss_sums
 from transformer_jax.training.run_dir import LoadedRun
-from transformer_jax.training.step import averages
 
 
 def decoder_inputs(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -46,10 +41,7 @@ def translation_loss_sums(
   """Summed smoothed loss over non-PAD target tokens, plus summed NLL and the count."""
   rngs = {"dropout": dropout_key} if train else {}
   logits = model.apply({"params": params}, **decoder_inputs(batch), train=train, rngs=rngs)
-  smoothed, nll = token_losses(logits, batch["target_tokens"], label_smoothing)
-  weights = (batch["target_tokens"] != PAD_ID).astype(jnp.float32)
-  loss_sum = jnp.sum(smoothed * weights)
-  return loss_sum, dict(loss_sum=loss_sum, nll_sum=jnp.sum(nll * weights), tokens=jnp.sum(weights))
+  return loss_sums(logits, batch["target_tokens"], label_smoothing)
 
 
 def init_transformer(model: Transformer, key: jax.Array) -> Any:
@@ -58,7 +50,7 @@ def init_transformer(model: Transformer, key: jax.Array) -> Any:
   return model.init(key, tokens, tokens, train=False)["params"]
 
 
-class TranslationTask(Task):
+class TranslationTask(CorpusTask):
   """Source -> target with the encoder-decoder; dev loss and BLEU; a final test-set report."""
 
   name = "translation"
@@ -67,19 +59,7 @@ class TranslationTask(Task):
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
-    self._data: TranslationData | None = None
     self._translator: Translator | None = None  # Made at the first dev BLEU.
-
-  @property
-  def data(self) -> TranslationData:
-    if self._data is None:
-      self.prepare_data()
-    return self._data
-
-  def prepare_data(self) -> None:
-    self._data = load_dataset(self.config.data)
-    with self.config.unlocked():
-      self.config.model.vocab_size = self._data.tokenizer.vocab_size  # The model follows it.
 
   def build_model(self) -> Transformer:
     return Transformer(self.config.model)
@@ -91,21 +71,9 @@ class TranslationTask(Task):
     return translation_loss_sums(model, params, batch, train, dropout_key,
                                  self.config.label_smoothing)
 
-  def train_iterator(self, batch_multiple: int, process_index: int, process_count: int
-                     ) -> BatchIterator:
-    return self.data.train_iterator(batch_multiple, process_index, process_count)
-
-  def eval_batches(self, batch_multiple: int, process_index: int, process_count: int
-                   ) -> Iterable[dict[str, np.ndarray]]:
-    return self.data.eval_batches(self.data.eval_split, batch_multiple, process_index,
-                                  process_count)
-
   def dev_metrics(self, model: nn.Module, params: Any, sums: dict[str, float], mesh: Mesh
                   ) -> dict[str, float]:
-    means = averages(sums, np)
-    entropy = smoothing_entropy(self.config.model.vocab_size, self.config.label_smoothing)
-    dev = dict(loss=float(means["loss"]), loss_above_entropy=float(means["loss"]) - entropy,
-               nll=float(means["nll"]), perplexity=float(means["perplexity"]))
+    dev = super().dev_metrics(model, params, sums, mesh)
     if self.config.eval_bleu_sentences > 0:
       dev["bleu"] = self.dev_bleu(model, params, mesh)
     return dev
@@ -120,24 +88,6 @@ class TranslationTask(Task):
     hypotheses = translate_texts(self._translator, self.data.tokenizer, sources[:count],
                                  self.config.model.max_len)
     return sacre_bleu(hypotheses, references[:count])[0]
-
-  def describe(self) -> str:
-    return f"pairs per split: {self.data.split_sizes}; filtered from train: {self.data.filtered}"
-
-  def checkpoint_meta(self) -> dict:
-    return dict(tokenizer_sha256=self.data.tokenizer.sha256)
-
-  def check_checkpoint_meta(self, meta: dict, workdir: str) -> None:
-    sha256 = self.data.tokenizer.sha256
-    if meta.get("tokenizer_sha256") != sha256:
-      raise UserError(
-          f"the tokenizer does not match the checkpoint in {workdir} (sha256 "
-          f"{sha256[:12]} vs {str(meta.get('tokenizer_sha256'))[:12]}); "
-          "use the config the run was started with, or a new --workdir"
-      )
-
-  def write_run_files(self, workdir: str) -> None:
-    self.data.tokenizer.save_copy(os.path.join(workdir, "tokenizer.model"))
 
   def final_report(self, workdir: str, split: str | None = None) -> dict | None:
     """Decodes a split of the run's dataset with the §6.1 recipe and prints BLEU.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.special_tokens import PAD_ID
+
 Array = jax.Array
 
 
@@ -53,3 +55,20 @@ def token_losses(
                    - (1.0 - label_smoothing - low_confidence) * target_logits
                    - low_confidence * jnp.sum(logits, axis=-1))
   return smoothed_loss, nll
+
+
+def loss_sums(logits: Array, targets: Array, label_smoothing: float
+              ) -> tuple[Array, dict[str, Array]]:
+  """(summed smoothed loss, sums) over the non-PAD targets, the `LossFn` form of step.py.
+
+  Args:
+    logits: float[batch, length, vocab].
+    targets: int[batch, length]; PAD (0) positions carry no loss.
+
+  Returns:
+    (loss_sum, {'loss_sum', 'nll_sum', 'tokens'}).
+  """
+  smoothed, nll = token_losses(logits, targets, label_smoothing)
+  weights = (targets != PAD_ID).astype(jnp.float32)
+  loss_sum = jnp.sum(smoothed * weights)
+  return loss_sum, dict(loss_sum=loss_sum, nll_sum=jnp.sum(nll * weights), tokens=jnp.sum(weights))

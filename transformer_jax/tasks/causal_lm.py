@@ -1,0 +1,54 @@
+"""Causal language modelling: a decoder-only model trained on next-token prediction.
+
+It reads the target side of any corpus the translation task reads (choose the
+side with data.source_lang / data.target_lang; plain-text files work too),
+through the same pipeline: token-budget batches, packing into rows of
+data.max_len with segment ids, the exact-resume data position. Each sentence
+starts from BOS and ends in EOS; the dev row reports the per-token loss, NLL and
+perplexity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer_jax.model.decoder_only import DecoderOnly
+from transformer_jax.model.transformer import shift_right
+from transformer_jax.tasks.corpus import CorpusTask
+from transformer_jax.training.losses import loss_sums
+
+
+def lm_loss_sums(model: nn.Module, params: Any, batch: dict[str, jax.Array], train: bool,
+                 dropout_key: jax.Array | None, label_smoothing: float
+                 ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Next-token loss summed over the non-PAD tokens of `batch["target_tokens"]`.
+
+  The input is the row shifted right (BOS first, each packed sentence restarting
+  at BOS), so position t predicts token t from tokens < t of its own sentence.
+  """
+  positions = batch.get("target_positions")
+  rngs = {"dropout": dropout_key} if train else {}
+  logits = model.apply({"params": params}, shift_right(batch["target_tokens"], positions),
+                       train=train, segment_ids=batch.get("target_segment_ids"),
+                       positions=positions, rngs=rngs)
+  return loss_sums(logits, batch["target_tokens"], label_smoothing)
+
+
+class CausalLMTask(CorpusTask):
+  """A GPT-style decoder-only language model on one side of a corpus."""
+
+  name = "causal_lm"
+  batch_keys = ("target_tokens", "target_segment_ids", "target_positions")
+
+  def build_model(self) -> DecoderOnly:
+    return DecoderOnly(self.config.model)
+
+  def init_params(self, model: nn.Module, key: jax.Array) -> Any:
+    return model.init(key, jnp.ones((1, 8), jnp.int32), train=False)["params"]
+
+  def loss_sums(self, model, params, batch, train, dropout_key):
+    return lm_loss_sums(model, params, batch, train, dropout_key, self.config.label_smoothing)
