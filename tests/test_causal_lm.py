@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -79,8 +82,33 @@ def test_a_packed_row_scores_each_sentence_as_if_alone(tiny_model_config):
   np.testing.assert_allclose(float(packed_sums["nll_sum"]), alone, rtol=1e-5)
 
 
-def test_translate_refuses_a_causal_lm_run(prepared_dir, tmp_path):
-  config = lm_config(prepared_dir, steps=2)
-  train_and_evaluate(config, str(tmp_path / "run"), make_task(config))
+@pytest.fixture(scope="module")
+def short_run(prepared_dir, tmp_path_factory):
+  """A causal_lm run of 20 steps (its text is noise, its files are real)."""
+  workdir = tmp_path_factory.mktemp("lm_run") / "run"
+  config = lm_config(prepared_dir, steps=20)
+  train_and_evaluate(config, str(workdir), make_task(config))
+  return workdir
+
+
+def test_translate_refuses_a_causal_lm_run(short_run):
   with pytest.raises(UserError, match="config.task='causal_lm'; this command needs a translation run"):
-    load_run(str(tmp_path / "run"), expected_task="translation")
+    load_run(str(short_run), expected_task="translation")
+
+
+def test_generate_prints_one_continuation_per_prompt(short_run, prepared_dir):
+  prompts = "the small dog\n\nmany old neighbors\n"
+  env = dict(os.environ, TRANSFORMER_JAX_CACHE_DIR=str(prepared_dir))
+  command = [sys.executable, "-m", "transformer_jax.generate", f"--workdir={short_run}",
+             "--max_new_tokens=8", "--top_k=10", "--seed=3"]
+  completed = subprocess.run(command, input=prompts, capture_output=True, text=True, env=env,
+                             cwd=REPO_ROOT, timeout=300)
+  assert completed.returncode == 0, completed.stderr[-2000:]
+  lines = completed.stdout.splitlines()
+  assert len(lines) == 3, lines  # One line for each prompt, the empty one included.
+  assert lines[0].startswith("the small dog") and lines[2].startswith("many old neighbors"), lines
+  refused = subprocess.run([sys.executable, "-m", "transformer_jax.translate",
+                            f"--workdir={short_run}"], input="a dog\n", capture_output=True,
+                           text=True, env=env, cwd=REPO_ROOT, timeout=300)
+  assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error:")
+  assert "config.task='causal_lm'" in refused.stderr

@@ -21,7 +21,7 @@ FORBIDDEN = {
 LAYERS = {"model", "data", "decode", "training", "tasks", "metrics", "cli"}
 LIBRARY_LAYERS = LAYERS - {"cli"} | {""}
 # `python -m transformer_jax.<command>`: two-line entry points into cli/, part of that layer.
-COMMANDS = {"train", "translate", "evaluate", "average_checkpoints", "model_info"}
+COMMANDS = {"train", "translate", "evaluate", "average_checkpoints", "model_info", "generate"}
 OUTSIDE_PACKAGE = ("experiments", "benchmarks", "tests")
 
 

@@ -39,17 +39,23 @@ class DecoderOnly(nn.Module):
       train: bool = False,
       segment_ids: Array | None = None,
       positions: Array | None = None,
+      decode: bool = False,
   ) -> Array:
-    """int[batch, length] -> next-token logits float32[batch, length, vocab]."""
+    """int[batch, length] -> next-token logits float32[batch, length, vocab].
+
+    With `decode=True` the "cache" collection holds every layer's keys and
+    values: a first call with the full length creates it, each later call takes
+    one token and its `positions` ([batch, 1], the step index).
+    """
     config = self.config
     token_embedding = embedding(config.vocab_size, config, "token_embedding")
     if positions is None:
       positions = default_positions(tokens)
     x = EmbedTokens(config, token_embedding, name="embed")(tokens, positions, train)
-    mask = self_attention_mask(tokens, segment_ids, causal=True)
+    mask = None if decode else self_attention_mask(tokens, segment_ids, causal=True)
     for i in range(config.num_decoder_layers):
       x = DecoderLayer(config, cross_attention=False, name=f"decoder_{i}")(
-          x, None, mask, None, train
+          x, None, mask, None, train, decode=decode
       )
     if config.norm == "pre":
       x = layer_norm(config, "decoder_norm")(x)
