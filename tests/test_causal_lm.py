@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -19,7 +20,8 @@ from transformer_jax.special_tokens import EOS_ID, PAD_ID
 from transformer_jax.tasks.causal_lm import lm_loss_sums
 from transformer_jax.tasks.registry import load_run, make_task
 from transformer_jax.training.loop import train_and_evaluate
-from conftest import REPO_ROOT
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
