@@ -10,6 +10,7 @@ import pytest
 from transformer_jax import sharding
 from transformer_jax.configs import default_config
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.tasks.causal_lm import CausalLMTask
 from transformer_jax.tasks.translation import TranslationTask, init_transformer
 from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.losses import smoothing_entropy, token_losses
@@ -37,9 +38,11 @@ def synthetic_batch(rows=16, seed=0):
   return {"src_tokens": src, "target_tokens": tgt}
 
 
-def run_steps(config, mesh, batches):
-  _, state, train_fn, _ = loop.build_steps(config, TranslationTask(config), mesh)
+def run_steps(config, mesh, batches, task_class=TranslationTask):
+  task = task_class(config)
+  _, state, train_fn, _ = loop.build_steps(config, task, mesh)
   for batch in batches:
+    batch = {k: v for k, v in batch.items() if k in task.batch_keys}
     state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
   return jax.device_get(state), jax.device_get(metrics)
 
@@ -85,12 +88,13 @@ def test_closed_form_loss_and_gradient_equal_explicit_smoothed_targets(label_smo
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
 @pytest.mark.parametrize("mesh_shape", [dict(data=8, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)])
-def test_sharded_step_equals_single_device_step(mesh_shape):
+@pytest.mark.parametrize("task_class", [TranslationTask, CausalLMTask])
+def test_sharded_step_equals_single_device_step(mesh_shape, task_class):
   config = tiny_config()
   config.model.dropout_rate = 0.1  # Dropout bits must not depend on the sharding either.
   batches = [synthetic_batch(seed=s) for s in range(2)]
-  single, single_metrics = run_steps(config, sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches)
-  sharded, sharded_metrics = run_steps(config, sharding.make_mesh(mesh_shape), batches)
+  single, single_metrics = run_steps(config, sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches, task_class)
+  sharded, sharded_metrics = run_steps(config, sharding.make_mesh(mesh_shape), batches, task_class)
   # Sharded sums add in another order (~2e-5 relative seen); one dropout mask bit that
   # differed would move whole rows by ~1e-2.
   for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params)):
