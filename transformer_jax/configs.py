@@ -22,7 +22,14 @@ from transformer_jax.model.config import ModelConfig, default_model_config
 def default_config() -> ml_collections.ConfigDict:
   """The paper's base recipe (§5) with small-machine logging defaults."""
   config = ml_collections.ConfigDict()
-  config.task = "translation"  # "translation" | "causal_lm" (tasks/registry.py).
+  # "translation" | "prefix_lm" | "causal_lm" | "masked_lm" | "classification" (tasks/registry.py).
+  config.task = "translation"
+  # What a monolingual task reads of the corpus: "source", "target" or "pair" (tasks/rows.py).
+  config.text_side = "target"
+  config.mask_rate = 0.15  # masked_lm: the share of tokens chosen (of them 80/10/10 %).
+  # Start a fresh run from another run's weights: every parameter of the same name and
+  # shape (a classifier takes a masked-LM run's encoder); a resume reads its own checkpoint.
+  config.init_from = ""
   config.model = default_model_config()
   config.data = default_data_config()
   # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.

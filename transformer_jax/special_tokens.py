@@ -9,3 +9,4 @@ PAD_ID = 0  # Masks everywhere are derived from ``tokens != PAD_ID``.
 UNK_ID = 1
 BOS_ID = 2  # Shifted into the decoder input at position 0.
 EOS_ID = 3  # Appended to every source and target sentence.
+FIRST_PIECE_ID = 4  # Ids from here up are the vocabulary's ordinary pieces.

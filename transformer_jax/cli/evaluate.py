@@ -17,7 +17,7 @@ from absl import app, flags
 
 from transformer_jax.cli import common
 from transformer_jax.errors import UserError, exit_on_user_error
-from transformer_jax.tasks.registry import load_run
+from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
 from transformer_jax.tasks.translation import evaluate_texts
 
 FLAGS = common.FLAGS
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
   if len(sources) != len(references):
     raise UserError(f"--source has {len(sources)} lines but --reference has {len(references)}")
   options = common.decode_options()
-  run = load_run(workdir, FLAGS.checkpoint, expected_task="translation")
+  run = load_run(workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
   scores, hypotheses = evaluate_texts(run, sources, references, options, FLAGS.tokens_per_batch)
   out_dir = os.path.join(os.path.abspath(workdir), "hypotheses")
   os.makedirs(out_dir, exist_ok=True)

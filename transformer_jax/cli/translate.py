@@ -17,7 +17,7 @@ from absl import app
 from transformer_jax.cli import common
 from transformer_jax.decode.translator import translate_lines
 from transformer_jax.errors import UserError, exit_on_user_error
-from transformer_jax.tasks.registry import load_run
+from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
 
 FLAGS = common.FLAGS
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> None:
   workdir = common.require_workdir()
   options = common.decode_options()
   lines = common.read_lines(sys.stdin.buffer, FLAGS.replace_invalid_utf8)
-  run = load_run(workdir, FLAGS.checkpoint, expected_task="translation")
+  run = load_run(workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
   for line in translate_lines(run, lines, options, FLAGS.tokens_per_batch):
     sys.stdout.write(line.replace("\n", " ") + "\n")
   sys.stdout.flush()

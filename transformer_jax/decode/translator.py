@@ -1,5 +1,7 @@
 """Translating with a trained model: the KV cache wired to beam / greedy search / sampling.
 
+Serves the encoder-decoder and the decoder-only prefix LM alike.
+
 `Translator` jits and shards `decode_batch` per output length; `translate_texts`
 turns sentences into length-sorted token batches and back (§6.1 recipe by
 default: beam 4, α = 0.6, at most input length + 50 tokens).
@@ -18,9 +20,10 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_jax import sharding
-from transformer_jax.decode import search
+from transformer_jax.decode import prefix_lm, search
 from transformer_jax.decode.cache import grow_cache, init_cache, split_cache, step_logits
 from transformer_jax.errors import UserError
+from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -68,10 +71,13 @@ class DecodeOptions:
 
 
 def decode_batch(
-    model: Transformer, params, src_tokens: Array, options: DecodeOptions,
+    model: Transformer | DecoderOnly, params, src_tokens: Array, options: DecodeOptions,
     max_decode_len: int, rng: Array | None = None,
 ) -> Array:
   """Best output tokens int32[batch, max_decode_len] (EOS, then PAD) for each source row.
+
+  `model` is the encoder-decoder, or a prefix LM (a decoder-only model whose
+  prompt is the source).
 
   Args:
     src_tokens: int32[batch, src_len], EOS-terminated, PAD-padded.
@@ -79,25 +85,31 @@ def decode_batch(
       input length + options.max_extra_len.
   """
   cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
-  encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
-  cache = init_cache(model, params, encoded, src_tokens,
-                     cache_lengths[0] if cache_lengths else max_decode_len)
+  first_length = cache_lengths[0] if cache_lengths else max_decode_len
+  if isinstance(model, DecoderOnly):  # A prefix LM: the source is the prompt, attended both ways.
+    src_len = src_tokens.shape[1]
+    _, cache = prefix_lm.prefill(model, params, src_tokens, src_len + first_length, prefix_lm=True)
+    step = beam_step = prefix_lm.step_logits(model, params, src_tokens)
+    beam_cache, grow = cache, prefix_lm.growing(src_len)
+  else:
+    encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
+    cache = init_cache(model, params, encoded, src_tokens, first_length)
+    # The beams of a sentence share its cross-attention keys/values: only
+    # the self-attention caches are repeated per beam and reordered.
+    beam_cache, sentence_cache = split_cache(cache)
+    beam_step = step_logits(model, params, src_tokens, sentence_cache)
+    step, grow = step_logits(model, params, src_tokens), grow_cache
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
   batch_size = src_tokens.shape[0]
   common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths, eos_id=EOS_ID,
                 bos_id=BOS_ID, ignore_eos=options.ignore_eos, cache_lengths=cache_lengths,
-                grow_cache=grow_cache)  # No cache_lengths: one loop, grow_cache unused.
+                grow_cache=grow)  # No cache_lengths: one loop, grow_cache unused.
   if options.method == "beam":
-    # The beams of a sentence share its cross-attention keys/values: only
-    # the self-attention caches are repeated per beam and reordered.
-    per_row_cache, sentence_cache = split_cache(cache)
-    step = step_logits(model, params, src_tokens, sentence_cache)
     sequences, _ = search.beam_search(
-        step, per_row_cache, batch_size, options.beam_size, options.alpha, **common
+        beam_step, beam_cache, batch_size, options.beam_size, options.alpha, **common
     )
     return sequences[:, 0]
-  step = step_logits(model, params, src_tokens)
   if options.method == "greedy":
     return search.greedy_search(step, cache, batch_size, **common)
   return search.sample(
@@ -109,14 +121,16 @@ def decode_batch(
 class Translator:
   """Jitted, sharded decoding of token batches for one model and set of params."""
 
-  def __init__(self, model: Transformer, params, mesh, options: DecodeOptions):
+  def __init__(self, model: Transformer | DecoderOnly, params, mesh, options: DecodeOptions):
     self.model, self.params, self.mesh, self.options = model, params, mesh, options
     self._jitted = {}
 
   def max_decode_len(self, src_len: int) -> int:
     length = src_len + self.options.max_extra_len
-    if self.model.config.positions == "learned":
-      length = min(length, self.model.config.max_len)  # No positions past the table.
+    if self.model.config.positions == "learned":  # No positions past the table.
+      # A prefix LM's output positions follow its source's.
+      first = src_len if isinstance(self.model, DecoderOnly) else 0
+      length = min(length, self.model.config.max_len - first)
     return length
 
   def __call__(self, src_tokens: np.ndarray, rng: Array | None = None) -> np.ndarray:

@@ -229,7 +229,7 @@ class MultiHeadAttention(nn.Module):
       mask: bool [batch, 1, q_len, kv_len] or None.
       train: enables attention dropout.
       decode: incremental decoding with the "cache" collection. Self-attention
-        (q_len == 1) appends this step's key/value at `cache_index`; cross-
+        appends the keys/values of its q_len tokens at `cache_index`; cross-
         attention computes its keys and values once, when the cache is made.
         The cross-attention cache may hold fewer rows than the queries (one
         per sentence while the queries hold one per beam): query rows
@@ -324,12 +324,18 @@ class MultiHeadAttention(nn.Module):
   def _update_self_attention_cache(
       self, key: Array, value: Array, mask: Array | None
   ) -> tuple[Array, Array, Array | None]:
-    """Writes this step's key/value into the static-shape cache.
+    """Writes this call's keys/values into the static-shape cache.
 
     key: [rows, heads, length, d_k], value: [rows, heads, length, d_v]. The
-    first call (which creates the cache) takes the full target length from
-    `key` to size the cache and leaves it empty; later calls take one token
-    each and attend over positions <= cache_index.
+    first call (which creates the cache) takes the full length from `key` to
+    size the cache and leaves it empty; each later call writes its `length`
+    tokens (one decoding step, or a whole prompt in one pass) at slots
+    cache_index .. cache_index + length - 1 and moves the index past them.
+
+    With `mask` None, token i of the call sees slots <= cache_index + i (causal).
+    A given `mask`, bool[rows or 1, 1, length, cache_len], replaces that
+    default: the caller states every slot each token may see (a prompt's
+    padding, a prefix attended both ways).
     """
     is_initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
@@ -339,9 +345,8 @@ class MultiHeadAttention(nn.Module):
     cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not is_initialized:
       return key, value, mask
-    if key.shape[2] != 1:
-      raise ValueError(f"incremental decoding takes one token a step, got {key.shape[2]}")
     index = cache_index.value
+    length = key.shape[2]
     max_length = cached_key.value.shape[2]
     cached_key.value = jax.lax.dynamic_update_slice_in_dim(
         cached_key.value, key.astype(cached_key.value.dtype), index, axis=2
@@ -349,7 +354,7 @@ class MultiHeadAttention(nn.Module):
     cached_value.value = jax.lax.dynamic_update_slice_in_dim(
         cached_value.value, value.astype(cached_value.value.dtype), index, axis=2
     )
-    cache_index.value = index + 1
-    # The single query may see cache slots 0..index and nothing later.
-    step_mask = (jnp.arange(max_length) <= index)[None, None, None, :]
-    return cached_key.value, cached_value.value, combine_masks(mask, step_mask)
+    cache_index.value = index + length
+    if mask is None:
+      mask = (jnp.arange(max_length)[None, :] <= index + jnp.arange(length)[:, None])[None, None]
+    return cached_key.value, cached_value.value, mask

@@ -1,4 +1,4 @@
-"""A GPT-style decoder-only language model from the same blocks."""
+"""A GPT-style decoder-only language model from the same blocks, optionally a prefix LM."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from transformer_jax.model.layers import (
     embedding,
     layer_norm,
     output_dense,
-    self_attention_mask,
+    prefix_lm_mask,
 )
 
 Array = jax.Array
@@ -40,19 +40,27 @@ class DecoderOnly(nn.Module):
       segment_ids: Array | None = None,
       positions: Array | None = None,
       decode: bool = False,
+      prefix: Array | None = None,
+      cache_mask: Array | None = None,
   ) -> Array:
     """int[batch, length] -> next-token logits float32[batch, length, vocab].
 
+    `prefix` (bool[batch, length]) marks tokens that attend to each other both
+    ways (a prefix LM's source); the others attend causally.
+
     With `decode=True` the "cache" collection holds every layer's keys and
-    values: a first call with the full length creates it, each later call takes
-    one token and its `positions` ([batch, 1], the step index).
+    values: a first call with the full cache length creates it, each later
+    call writes its tokens (a prompt in one pass, or one token a step) at the
+    next slots, with their `positions`. `cache_mask`, bool[batch, 1, length,
+    cache_len], names the slots each token may see (None: the slots up to its
+    own); slots and positions differ when a batch's prompts differ in length.
     """
     config = self.config
     token_embedding = embedding(config.vocab_size, config, "token_embedding")
     if positions is None:
       positions = default_positions(tokens)
     x = EmbedTokens(config, token_embedding, name="embed")(tokens, positions, train)
-    mask = None if decode else self_attention_mask(tokens, segment_ids, causal=True)
+    mask = cache_mask if decode else prefix_lm_mask(tokens, segment_ids, prefix)
     for i in range(config.num_decoder_layers):
       x = DecoderLayer(config, cross_attention=False, name=f"decoder_{i}")(
           x, None, mask, None, train, decode=decode

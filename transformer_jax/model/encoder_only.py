@@ -1,4 +1,4 @@
-"""A BERT-style encoder-only model with a token-prediction head, from the same blocks."""
+"""A BERT-style encoder-only model from the same blocks, with a masked-LM or a classifier head."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
     EmbedTokens,
     EncoderLayer,
@@ -20,17 +21,32 @@ from transformer_jax.model.layers import (
     output_dense,
     self_attention_mask,
 )
+from transformer_jax.special_tokens import PAD_ID
 
 Array = jax.Array
+HEADS = ("mlm", "classify")
 
 
 class EncoderOnly(nn.Module):
-  """A BERT-style encoder with a token-prediction (masked-LM) head."""
+  """A BERT-style encoder with a head.
+
+  head="mlm": a transform, then the tied (or separate) vocabulary projection:
+  per-token logits [batch, length, vocab].
+  head="classify": the mean of each row's non-PAD outputs, a tanh pooler, then
+  `num_classes` logits [batch, num_classes] (one example per row: no packing).
+
+  Both heads sit on the same parameters (token_embedding, embed, encoder_i,
+  encoder_norm), so a classifier can start from a masked-LM run's encoder.
+  """
 
   config: Any
+  head: str = "mlm"
+  num_classes: int = 2
 
   def __post_init__(self):
     object.__setattr__(self, "config", ModelConfig.from_config(self.config))
+    if self.head not in HEADS:
+      raise ValueError(f"head={self.head!r} is not one of {', '.join(HEADS)}")
     super().__post_init__()
 
   @nn.compact
@@ -41,7 +57,7 @@ class EncoderOnly(nn.Module):
       segment_ids: Array | None = None,
       positions: Array | None = None,
   ) -> Array:
-    """int[batch, length] -> per-token logits float32[batch, length, vocab]."""
+    """int[batch, length] -> float32 logits ([batch, length, vocab] or [batch, classes])."""
     config = self.config
     token_embedding = embedding(config.vocab_size, config, "token_embedding")
     if positions is None:
@@ -52,8 +68,21 @@ class EncoderOnly(nn.Module):
       x = EncoderLayer(config, name=f"encoder_{i}")(x, mask, train)
     if config.norm == "pre":
       x = layer_norm(config, "encoder_norm")(x)
-    # The head: a transform, then the tied (or separate) vocabulary projection.
+    if self.head == "classify":
+      return self.classify(x, tokens != PAD_ID, train)
     x = dense(config, config.d_model, ("embed", "mlp"), "head_transform")(x)
     x = layer_norm(config, "head_norm")(nn.gelu(x))
     logits = attend(token_embedding, x, config) if config.tie_output else output_dense(config)(x)
+    return logits.astype(jnp.float32)
+
+  def classify(self, encoded: Array, valid: Array, train: bool) -> Array:
+    """Mean of the non-PAD outputs [batch, d_model] -> tanh pooler -> [batch, num_classes]."""
+    config = self.config
+    weights = valid.astype(jnp.float32)[..., None]
+    pooled = jnp.sum(encoded.astype(jnp.float32) * weights, axis=1) / jnp.maximum(
+        jnp.sum(weights, axis=1), 1.0)
+    pooled = jnp.tanh(dense(config, config.d_model, ("embed", "mlp"), "pooler")(
+        pooled.astype(config.compute_dtype)))
+    pooled = Dropout(config.dropout_rate)(pooled, deterministic=not train)
+    logits = dense(config, self.num_classes, ("mlp", None), "classifier")(pooled)
     return logits.astype(jnp.float32)

@@ -228,5 +228,22 @@ def self_attention_mask(
   )
 
 
+def prefix_lm_mask(tokens: Array, segment_ids: Array | None, prefix: Array | None) -> Array:
+  """bool[batch, 1, len, len]: causal, except that the `prefix` tokens see each other.
+
+  prefix: bool[batch, len], True on the tokens of the prefix (a prefix-LM's
+  source), which attend to the whole prefix of their segment both ways; every
+  other token attends to the tokens before it. None: plain causal.
+  """
+  visible = causal_mask(tokens.shape[-1])
+  if prefix is not None:
+    visible = visible | (prefix[:, None, :, None] & prefix[:, None, None, :])
+  return combine_masks(
+      padding_mask(tokens),
+      segment_mask(segment_ids, segment_ids) if segment_ids is not None else None,
+      visible,
+  )
+
+
 def output_dense(config: ModelConfig) -> nn.Dense:
   return dense(config, config.vocab_size, ("embed", "vocab"), "output_projection", use_bias=False)

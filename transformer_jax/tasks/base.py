@@ -14,6 +14,7 @@ say, translation and masked-LM pre-training:
   dev_metrics(...)    the dev row from the summed quantities (plus BLEU and the like);
   checkpoint_meta() / check_checkpoint_meta(...)  what must match to resume;
   write_run_files(workdir)  files a run directory needs besides checkpoints;
+  check_init_from(workdir)  whether a run can seed this one (config.init_from);
   final_report(workdir)     the end-of-training evaluation, if the config asks for one.
 """
 
@@ -95,6 +96,9 @@ class Task(abc.ABC):
 
   def write_run_files(self, workdir: str) -> None:
     """Writes the files a fresh run directory needs besides config.json and checkpoints."""
+
+  def check_init_from(self, workdir: str) -> None:
+    """Raises a one-line UserError if the run `config.init_from` names cannot seed this one."""
 
   def final_report(self, workdir: str) -> dict | None:
     """The evaluation after the last step (config.final_eval_split), or None."""

@@ -7,23 +7,34 @@ directory's copy of the tokenizer, checked against every checkpoint.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from typing import Any, Iterable
 
+import jax
 import ml_collections
 import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh
 
+from transformer_jax import sharding
 from transformer_jax.data.pipeline import TranslationData, load_dataset
+from transformer_jax.data.tokenizer import load_tokenizer
 from transformer_jax.errors import UserError
 from transformer_jax.tasks.base import BatchIterator, Task
 from transformer_jax.training.losses import smoothing_entropy
-from transformer_jax.training.step import averages
+from transformer_jax.training.step import averages, eval_step
 
 
 class CorpusTask(Task):
-  """The data half of a task on `load_dataset(config.data)`; subclasses add model and loss."""
+  """The data half of a task on `load_dataset(config.data)`; subclasses add model and loss.
+
+  `extra_tokens` are ids a task adds after the tokenizer's pieces (masked LM's
+  <mask> is id `tokenizer.vocab_size`); the model's vocabulary counts them.
+  """
+
+  extra_tokens: tuple[str, ...] = ()
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
@@ -38,7 +49,8 @@ class CorpusTask(Task):
   def prepare_data(self) -> None:
     self._data = load_dataset(self.config.data)
     with self.config.unlocked():
-      self.config.model.vocab_size = self._data.tokenizer.vocab_size  # The model follows it.
+      # The model follows the tokenizer.
+      self.config.model.vocab_size = self._data.tokenizer.vocab_size + len(self.extra_tokens)
 
   def train_iterator(self, batch_multiple: int, process_index: int, process_count: int
                      ) -> BatchIterator:
@@ -75,3 +87,42 @@ class CorpusTask(Task):
 
   def write_run_files(self, workdir: str) -> None:
     self.data.tokenizer.save_copy(os.path.join(workdir, "tokenizer.model"))
+
+  def check_init_from(self, workdir: str) -> None:
+    """A run to start from must share this run's tokenizer (the embedding rows mean tokens)."""
+    path = os.path.join(workdir, "tokenizer.model")
+    if not os.path.exists(path):
+      raise UserError(f"config.init_from={workdir} has no tokenizer.model; name a run directory")
+    theirs, ours = load_tokenizer(path).sha256, self.data.tokenizer.sha256
+    if theirs != ours:
+      raise UserError(
+          f"config.init_from={workdir} has another tokenizer (sha256 {theirs[:12]} vs "
+          f"{ours[:12]}); start from a run on the same data config (dataset, variant, "
+          "vocab_size, tokenizer_type)")
+
+  def final_report(self, workdir: str) -> dict | None:
+    split = self.config.final_eval_split
+    return self.split_report(workdir, split) if split else None
+
+  def split_report(self, workdir: str, split: str) -> dict:
+    """The dev metrics of the run's latest checkpoint on every example of `split`.
+
+    Prints them and writes final_<split>.json beside the checkpoints.
+    """
+    run = self.load_run(workdir)
+    step_fn = jax.jit(functools.partial(
+        eval_step, loss_fn=functools.partial(self.loss_sums, run.model)))
+    shards = sharding.batch_shards(run.mesh)
+    totals: dict[str, float] = {}
+    with sharding.mesh_context(run.mesh):
+      for batch in self.data.eval_batches(split, shards):
+        batch = {k: v for k, v in batch.items() if k in self.batch_keys}
+        sums = jax.device_get(step_fn(run.params, sharding.global_batch(batch, run.mesh)))
+        totals = {k: totals.get(k, 0.0) + float(v) for k, v in sums.items()}
+    metrics = self.dev_metrics(run.model, run.params, totals, run.mesh)
+    report = dict(split=split, checkpoint_step=run.step, **metrics)
+    print(f"{self.name} on {split} (step {run.step}): "
+          + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
+    with open(os.path.join(workdir, f"final_{split}.json"), "w") as f:
+      json.dump(report, f, indent=2)
+    return report

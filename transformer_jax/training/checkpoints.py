@@ -248,6 +248,13 @@ def restore_step(
   return restored["state"], restored["data"] if has_data else None, restored["meta"]
 
 
+def read_params(manager: ocp.CheckpointManager, step: int) -> dict:
+  """The parameters of checkpoint `step` as nested dicts of host arrays, whatever the model."""
+  silence_abandoned_reads()
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  return jax.tree.map(lambda x: jax.device_get(x), restored["state"]["params"])
+
+
 def check_compatible(saved_model_config: dict, model_config: dict, workdir: str) -> None:
   """Raises a one-line UserError if the saved model's shapes differ from the config's."""
   for key in _SHAPE_KEYS:

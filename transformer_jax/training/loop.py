@@ -1,8 +1,9 @@
 """The resumable training loop, shared by every task.
 
 `train_and_evaluate(config, workdir, task)` trains (or resumes) to
-`config.num_train_steps`: a fresh run starts from `create_train_state`, a
-rerun from the latest complete checkpoint, with the data position it saved.
+`config.num_train_steps`: a fresh run starts from `create_train_state` (with
+`config.init_from`, from another run's weights), a rerun from the latest
+complete checkpoint, with the data position it saved.
 The loop knows a task only through `Trainable`, which `tasks.base.Task` implements.
 """
 
@@ -26,7 +27,7 @@ from transformer_jax.configs import validate_config
 from transformer_jax.errors import UserError
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.info import format_counts, parameter_counts
-from transformer_jax.training import checkpoints
+from transformer_jax.training import checkpoints, init_from
 from transformer_jax.training.metric_writers import MetricsWriter
 from transformer_jax.training.preemption import PreemptionWatcher
 from transformer_jax.training.schedules import make_optimizer, make_schedule
@@ -53,6 +54,7 @@ class Trainable(Protocol):
   def checkpoint_meta(self) -> dict: ...
   def check_checkpoint_meta(self, meta: dict, workdir: str) -> None: ...
   def write_run_files(self, workdir: str) -> None: ...
+  def check_init_from(self, workdir: str) -> None: ...
 
 
 class NonFiniteLossError(RuntimeError):
@@ -139,10 +141,14 @@ def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState
     state, data_state, _ = restored
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
-  elif jax.process_index() == 0:
-    run.task.write_run_files(run.workdir)
-    with open(os.path.join(run.workdir, "config.json"), "w") as f:
-      f.write(run.config.to_json_best_effort(indent=2))
+  else:
+    if run.config.init_from:
+      run.task.check_init_from(run.config.init_from)
+      state = state.replace(params=init_from.params_from_run(state.params, run.config.init_from))
+    if jax.process_index() == 0:
+      run.task.write_run_files(run.workdir)
+      with open(os.path.join(run.workdir, "config.json"), "w") as f:
+        f.write(run.config.to_json_best_effort(indent=2))
   # Rows a killed run logged after its last checkpoint (or before its first) are redone.
   run.writer.truncate_after(int(state.step))
   return state
@@ -206,8 +212,10 @@ class Bookkeeping:
 
   def log(self, step: int, metrics: dict) -> None:
     now = time.time()
+    averaged = {k: v for k, v in metrics.items()  # loss, and perplexity, accuracy, ...
+                if k not in ("learning_rate", "grad_norm", "tokens")}
     row = dict(
-        step=step, loss=metrics["loss"], perplexity=metrics["perplexity"],
+        step=step, **averaged,
         learning_rate=metrics["learning_rate"], grad_norm=metrics["grad_norm"],
         tokens_per_s=float(self.window_tokens) / max(now - self.window_start, 1e-9),
         elapsed_s=now - self.started,

@@ -76,8 +76,10 @@ class MetricsWriter:
     step = int(row["step"])
     remaining = (self.total_steps - step) * row["elapsed_s"] / max(step - row.get("start_step", 0), 1)
     eta = datetime.timedelta(seconds=int(remaining))
-    line = (f"step {step}/{self.total_steps} | loss {row['loss']:.4f} | ppl {row['perplexity']:.2f}"
-            f" | lr {row['learning_rate']:.2e} | {row['tokens_per_s']:,.0f} tok/s | ETA {eta}")
+    line = (f"step {step}/{self.total_steps} | loss {row['loss']:.4f}"
+            + (f" | ppl {row['perplexity']:.2f}" if "perplexity" in row else "")
+            + (f" | acc {row['accuracy']:.3f}" if "accuracy" in row else "")
+            + f" | lr {row['learning_rate']:.2e} | {row['tokens_per_s']:,.0f} tok/s | ETA {eta}")
     if self._bar is not None:
       self._bar.write(line, file=sys.stderr)  # Above the bar, which stays at the bottom.
     else:
