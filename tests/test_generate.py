@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer_jax.decode import prefix_lm
 from transformer_jax.decode.generate import filter_logits, generate
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
@@ -40,6 +41,22 @@ def test_cached_steps_equal_the_full_recompute(lm):
     cache = variables["cache"]
     stepped.append(logits[:, 0])
   np.testing.assert_allclose(np.stack(stepped, axis=1), full, atol=2e-5, rtol=2e-5)
+
+
+def test_one_prefill_pass_equals_the_full_model_for_prompts_of_two_lengths(lm):
+  """The prompt block goes through the cache in one call; its PAD is never seen."""
+  model, params = lm
+  block = jnp.array([[BOS_ID, 5, 6, 7, PAD_ID, PAD_ID], [BOS_ID, 8, 9, 10, 11, 12]])
+  logits, cache = prefix_lm.prefill(model, params, block, 9, prefix_lm=False)
+  full = model.apply({"params": params}, block)
+  np.testing.assert_allclose(logits[0, :4], full[0, :4], atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(logits[1], full[1], atol=2e-5, rtol=2e-5)
+  # The next token of row 0 sits at slot 6 but position 4, right after its prompt.
+  step = prefix_lm.step_logits(model, params, block)
+  next_logits, _ = step(jnp.array([[20], [21]]), cache, jnp.int32(0))
+  np.testing.assert_allclose(
+      next_logits[0], model.apply({"params": params}, jnp.array([[BOS_ID, 5, 6, 7, 20]]))[0, -1],
+      atol=2e-5, rtol=2e-5)
 
 
 def test_top_k_and_top_p_never_sample_outside_their_sets():

@@ -65,6 +65,15 @@ def test_quickstart_then_attention_maps_run_with_tiny_settings(tmp_path):
       "attention_maps should draw encoder, decoder and cross-attention heat-maps")
 
 
+def test_decoder_only_trains_samples_and_draws_causal_attention(tmp_path):
+  notebook = execute("decoder_only.ipynb", tmp_path / "run", tmp_path)
+  text = "".join(outputs(notebook, "text"))
+  assert "trained to step 10" in text and "dev perplexity" in text, text[-2000:]
+  assert "greedy:" in text and "sampled (temperature 1.0, top-k 20):" in text, text[-2000:]
+  assert "largest weight above the diagonal (a future token): 0.0" in text, text[-2000:]
+  assert len(outputs(notebook, "image/png")) == 1
+
+
 def test_tpu_training_cells_parse():
   notebook = nbformat.read(COLABS / "tpu_training.ipynb", as_version=4)
   for index, cell in enumerate(notebook.cells):

@@ -99,3 +99,26 @@ def test_greedy_and_beam_search_decode_a_prefix_lm(model_and_params, method):
       produced.append(int(token))
       if token == EOS_ID or len(produced) == int(np.sum(SOURCES[row] != PAD_ID)) + 3:
         break
+
+
+def test_a_packed_row_scores_each_pair_as_if_alone(model_and_params):
+  """Two pairs packed into one row (segment ids, restarting positions) score as they do alone."""
+  model, params = model_and_params
+  pairs = [([5, 6, 7, EOS_ID], [11, 12, EOS_ID]), ([8, 9, EOS_ID], [13, 14, 15, 16, EOS_ID])]
+  src = [t for s, _ in pairs for t in s] + [PAD_ID]
+  tgt = [t for _, t in pairs for t in t]
+  packed = dict(
+      src_tokens=jnp.array([src]), target_tokens=jnp.array([tgt]),
+      src_segment_ids=jnp.array([[1] * 4 + [2] * 3 + [0]]),
+      target_segment_ids=jnp.array([[1] * 3 + [2] * 5]),
+      src_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
+      target_positions=jnp.array([[0, 1, 2, 0, 1, 2, 3, 4]]))
+  _, packed_sums = prefix_lm_loss_sums(model, params, packed, False, None, 0.0)
+  alone = 0.0
+  for source, target in pairs:
+    _, sums = prefix_lm_loss_sums(model, params, dict(src_tokens=jnp.array([source]),
+                                                      target_tokens=jnp.array([target])),
+                                  False, None, 0.0)
+    alone += float(sums["nll_sum"])
+  assert float(packed_sums["tokens"]) == 8
+  np.testing.assert_allclose(float(packed_sums["nll_sum"]), alone, rtol=1e-5)

@@ -11,11 +11,17 @@ from transformer_jax import sharding
 from transformer_jax.configs import default_config
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.tasks.causal_lm import CausalLMTask
+from transformer_jax.tasks.classification import ClassificationTask
+from transformer_jax.tasks.masked_lm import MaskedLMTask
+from transformer_jax.tasks.prefix_lm import PrefixLMTask
 from transformer_jax.tasks.translation import TranslationTask, init_transformer
 from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.losses import smoothing_entropy, token_losses
 from transformer_jax.training.schedules import make_optimizer, paper_schedule
 from transformer_jax.training.state import create_train_state
+
+
+DATA_8, MIXED = dict(data=8, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)
 
 
 def tiny_config():
@@ -87,11 +93,15 @@ def test_closed_form_loss_and_gradient_equal_explicit_smoothed_targets(label_smo
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-@pytest.mark.parametrize("mesh_shape", [dict(data=8, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)])
-@pytest.mark.parametrize("task_class", [TranslationTask, CausalLMTask])
+@pytest.mark.parametrize("task_class,mesh_shape", [
+    (TranslationTask, DATA_8), (TranslationTask, MIXED), (CausalLMTask, DATA_8),
+    (CausalLMTask, MIXED), (PrefixLMTask, MIXED), (MaskedLMTask, MIXED),
+    (ClassificationTask, MIXED),
+])
 def test_sharded_step_equals_single_device_step(mesh_shape, task_class):
   config = tiny_config()
   config.model.dropout_rate = 0.1  # Dropout bits must not depend on the sharding either.
+  config.text_side = "pair"  # masked_lm: both halves (the others read what they need).
   batches = [synthetic_batch(seed=s) for s in range(2)]
   single, single_metrics = run_steps(config, sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches, task_class)
   sharded, sharded_metrics = run_steps(config, sharding.make_mesh(mesh_shape), batches, task_class)

@@ -12,7 +12,8 @@ Builders (registered with TFDS under these names):
 - `plain_text`: any line-aligned file pairs named in the config (also used
   for `newstest`, from `<data_dir>/wmt-newstest-en-de`).
 `wmt14` is TFDS's own `wmt14_translate/de-en`; preparing it needs TensorFlow
-and the internet.
+and the internet. `tfds_text` is any TFDS text dataset (lm1b, c4/en), its text
+field read as both sides, prepared on first use (a download).
 
 Every record is {<lang>: bytes} with both languages ('en', 'de'), so one
 prepared copy serves both translation directions.
@@ -304,6 +305,8 @@ def prepare(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
       _prepare(builder, manual_dir=corpus.manual_dir)
   elif corpus.name == "wmt14":
     builder = _wmt14_builder(tfds_dir)
+  elif corpus.name == "tfds_text":
+    builder = _tfds_text_builder(corpus.tfds_name, corpus.target_feature, tfds_dir)
   else:  # newstest, plain_text: the files the corpus names.
     builder = PlainText(config=PlainTextConfig(files=corpus.files, errors=corpus.errors,
                                                prefix=corpus.name),
@@ -313,6 +316,27 @@ def prepare(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
   key = f"{builder.name}-{builder.builder_config.name}-{builder.version}"
   return PreparedDataset(key=key, splits=splits, source_feature=corpus.source_feature,
                          target_feature=corpus.target_feature, builder=builder)
+
+
+def _tfds_text_builder(name: str, feature: str, tfds_dir: Path) -> tfds.core.DatasetBuilder:
+  """A TFDS text dataset (e.g. lm1b), prepared once as array_record; `feature` is its text."""
+  try:
+    builder = tfds.builder(name, data_dir=os.fspath(tfds_dir), file_format="array_record")
+  except Exception as e:  # pylint: disable=broad-except
+    raise UserError(f"data.tfds_name={name!r} is not a TFDS dataset ({type(e).__name__}); "
+                    "name one such as lm1b or c4/en") from None
+  if feature not in builder.info.features:
+    raise UserError(f"{name} has no feature {feature!r}; set data.tfds_text_feature to one of "
+                    f"{', '.join(builder.info.features)}")
+  if not builder.is_prepared():
+    try:
+      _prepare(builder)
+    except Exception as e:  # pylint: disable=broad-except
+      first = (str(e).strip().splitlines() or [""])[0][:200]
+      raise UserError(f"preparing {name} failed ({type(e).__name__}: {first}); it downloads, "
+                      "so it needs the internet (and some datasets TensorFlow); offline, use "
+                      "dataset='plain_text' with only plain_text.train_target") from None
+  return builder
 
 
 def _wmt14_builder(tfds_dir: Path) -> tfds.core.DatasetBuilder:

@@ -9,7 +9,7 @@ from ml_collections import config_dict
 
 from transformer_jax.errors import UserError
 
-DATASETS = ("generated_translation", "multi30k", "wmt14", "newstest", "plain_text")
+DATASETS = ("generated_translation", "multi30k", "wmt14", "newstest", "plain_text", "tfds_text")
 DEFAULT_SPLITS = {  # (train, eval, test) split names.
     "generated_translation": ("train", "validation", "test"),
     "multi30k": ("train", "val", "test2016"),
@@ -17,10 +17,13 @@ DEFAULT_SPLITS = {  # (train, eval, test) split names.
     # newstest has no training data: train on it only for smoke tests.
     "newstest": ("newstest2013", "newstest2013", "newstest2014"),
     "plain_text": ("train", "validation", "test"),
+    # lm1b has no validation split: set data.eval_split (e.g. a slice of train) to tune.
+    "tfds_text": ("train", "test", "test"),
 }
 # The toy corpus has ~800 word types: 2k pieces keep every word whole.
 DEFAULT_VOCAB_SIZES = {"generated_translation": 2_000, "multi30k": 8_000,
-                       "wmt14": 32_000, "newstest": 8_000, "plain_text": 8_000}
+                       "wmt14": 32_000, "newstest": 8_000, "plain_text": 8_000,
+                       "tfds_text": 32_000}
 
 
 def default_data_config() -> ml_collections.ConfigDict:
@@ -41,10 +44,15 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.train_split = config_dict.placeholder(str)
   c.eval_split = config_dict.placeholder(str)
   c.test_split = config_dict.placeholder(str)
-  # dataset='plain_text': line-aligned UTF-8 files; eval and test optional.
+  # dataset="plain_text": line-aligned UTF-8 files; eval and test optional; monolingual
+  # text (causal_lm, masked_lm): name only the *_target files.
   c.plain_text = ml_collections.ConfigDict(
       {f"{role}_{side}": config_dict.placeholder(str)
        for role in ("train", "eval", "test") for side in ("source", "target")})
+  # dataset="tfds_text": a TFDS text dataset (one text per record, e.g. lm1b, c4), read as
+  # monolingual text; preparing it downloads (internet, and TensorFlow for some).
+  c.tfds_name = "lm1b"
+  c.tfds_text_feature = "text"
   c.num_generated_train = 200_000  # generated_translation: training pairs.
   c.num_generated_eval = 1_000  # generated_translation: validation = test size.
   c.seed = 0  # Corpus generation and the per-epoch shuffle.

@@ -36,13 +36,15 @@ class Corpus:
   seed: int = 0                # generated_translation.
   num_generated_train: int = 0
   num_generated_eval: int = 0
+  tfds_name: str = ""          # tfds_text: the TFDS dataset (a monolingual one: both
+                               # features name its text field).
 
 
 def resolve_corpus(cfg: ml_collections.ConfigDict) -> Corpus:
   """The corpus a (resolved) data config names; a one-line UserError for any mistake."""
   name = check_dataset_name(cfg.dataset)
   source, target = cfg.source_lang, cfg.target_lang
-  if name != "plain_text" and {source, target} != {"en", "de"}:
+  if name not in ("plain_text", "tfds_text") and {source, target} != {"en", "de"}:
     raise UserError(f"source_lang={source!r}, target_lang={target!r}: "
                     f"{name} is English-German; use 'en' and 'de' in either order")
   fields = dict(name=name, split_names=split_names(cfg), source_feature=source,
@@ -61,6 +63,9 @@ def resolve_corpus(cfg: ml_collections.ConfigDict) -> Corpus:
   elif name == "plain_text":
     # Records hold the source in 'en' and the target in 'de', whatever the languages.
     fields.update(files=_plain_text_files(cfg), source_feature="en", target_feature="de")
+  elif name == "tfds_text":
+    fields.update(tfds_name=cfg.tfds_name, source_feature=cfg.tfds_text_feature,
+                  target_feature=cfg.tfds_text_feature)
   return Corpus(**fields)
 
 
@@ -79,12 +84,12 @@ def _plain_text_files(cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, st
   files = {}
   for role in ("train", "eval", "test"):
     src, tgt = cfg.plain_text[f"{role}_source"], cfg.plain_text[f"{role}_target"]
-    if bool(src) != bool(tgt):
-      raise UserError(f"plain_text.{role}_source and plain_text.{role}_target "
-                      "must be given together")
-    if src:
-      files[names[role]] = (src, tgt)
+    if src and not tgt:
+      raise UserError(f"plain_text.{role}_source needs plain_text.{role}_target (for "
+                      "monolingual text, name only the target file)")
+    if tgt:  # Monolingual text (no source file) is read as both sides.
+      files[names[role]] = (src or tgt, tgt)
   if names["train"] not in files:
-    raise UserError("dataset='plain_text' needs --config.data.plain_text."
-                    "train_source and .train_target (line-aligned files)")
+    raise UserError("dataset='plain_text' needs --config.data.plain_text.train_target "
+                    "(and .train_source, line-aligned, for translation)")
   return files

@@ -1,9 +1,10 @@
 """Sampling from a decoder-only language model with the KV cache.
 
-`generate` feeds BOS and each prompt token through the cached self-attention
-one step at a time, then samples one token a step until EOS or
+`generate` writes BOS and the prompts into the KV cache in one prefill pass
+(`prefix_lm.prefill`), then samples one token a step until EOS or
 `max_new_tokens`: temperature 0 is greedy; top-k and top-p (nucleus) restrict
-the sampled set; PAD and BOS are never chosen. A step's key is `fold_in(key, step)`, so a seed fixes the text.
+the sampled set; PAD and BOS are never chosen. The k-th sampled token's key is
+`fold_in(key, k)`, so a seed fixes the text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from transformer_jax.decode import prefix_lm
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
@@ -44,6 +46,9 @@ def generate(model: nn.Module, params: Any, prompt_tokens: Array, prompt_lengths
              top_p: float = 1.0) -> Array:
   """Continuations of the prompts.
 
+  BOS and the prompts go through the model in one prefill call; then one
+  token a step. The k-th sampled token of every row uses `fold_in(key, k)`.
+
   Args:
     prompt_tokens: int32[batch, prompt_len], each row's prompt (no BOS, no EOS),
       PAD after it.
@@ -55,33 +60,33 @@ def generate(model: nn.Module, params: Any, prompt_tokens: Array, prompt_lengths
     1 + prompt_lengths[r]).
   """
   batch, prompt_len = prompt_tokens.shape
-  total = 1 + prompt_len + max_new_tokens
-  sequence = jnp.full((batch, total), PAD_ID, jnp.int32)
-  sequence = sequence.at[:, 0].set(BOS_ID).at[:, 1:1 + prompt_len].set(prompt_tokens)
-  _, variables = model.apply({"params": params}, jnp.zeros((batch, total), jnp.int32),
-                             decode=True, mutable=["cache"])
-  last = 1 + prompt_lengths + max_new_tokens  # Row r's sequence ends before here.
+  block = jnp.concatenate([jnp.full((batch, 1), BOS_ID, jnp.int32), prompt_tokens], axis=1)
+  logits, cache = prefix_lm.prefill(model, params, block, block.shape[1] + max_new_tokens,
+                                    prefix_lm=False)
+  rows = jnp.arange(batch)
+  logits = logits[rows, prompt_lengths]  # After each row's last prompt token.
+  step = prefix_lm.step_logits(model, params, block)
+  sequence = jnp.full((batch, 1 + prompt_len + max_new_tokens), PAD_ID, jnp.int32)
+  sequence = sequence.at[:, :block.shape[1]].set(block)
 
-  def step(t, carry):
-    sequence, cache, finished = carry
-    tokens = jax.lax.dynamic_slice_in_dim(sequence, t, 1, axis=1)
-    logits, variables = model.apply(
-        {"params": params, "cache": cache}, tokens, positions=jnp.full((batch, 1), t),
-        decode=True, mutable=["cache"])
-    logits = logits[:, 0].at[:, (PAD_ID, BOS_ID)].set(-jnp.inf)  # Never continued with.
+  def choose(logits: Array, k: Array) -> Array:
+    logits = logits.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf)  # Never continued with.
     if temperature == 0:
-      chosen = jnp.argmax(logits, axis=-1)
-    else:
-      chosen = jax.random.categorical(jax.random.fold_in(key, t),
-                                      filter_logits(logits, temperature, top_k, top_p), axis=-1)
-    in_prompt = t + 1 < 1 + prompt_lengths
-    given = jax.lax.dynamic_index_in_dim(sequence, t + 1, axis=1, keepdims=False)
-    following = jnp.where(in_prompt, given, chosen.astype(jnp.int32))
-    following = jnp.where(finished | (t + 1 >= last), PAD_ID, following)
-    sequence = jax.lax.dynamic_update_index_in_dim(sequence, following, t + 1, axis=1)
-    finished = finished | (~in_prompt & (following == EOS_ID))
-    return sequence, variables["cache"], finished
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(jax.random.fold_in(key, k),
+                                  filter_logits(logits, temperature, top_k, top_p),
+                                  axis=-1).astype(jnp.int32)
 
-  sequence, _, _ = jax.lax.fori_loop(
-      0, total - 1, step, (sequence, variables["cache"], jnp.zeros((batch,), bool)))
-  return sequence
+  def body(k, carry):
+    sequence, logits, cache, finished = carry
+    token = jnp.where(finished, PAD_ID, choose(logits, k))
+    sequence = sequence.at[rows, 1 + prompt_lengths + k].set(token)
+    finished = finished | (token == EOS_ID)
+    logits, cache = step(token[:, None], cache, k)
+    return sequence, logits, cache, finished
+
+  # The last token needs no step after it.
+  sequence, logits, cache, finished = jax.lax.fori_loop(
+      0, max_new_tokens - 1, body, (sequence, logits, cache, jnp.zeros((batch,), bool)))
+  last = jnp.where(finished, PAD_ID, choose(logits, max_new_tokens - 1))
+  return sequence.at[rows, 1 + prompt_lengths + max_new_tokens - 1].set(last)

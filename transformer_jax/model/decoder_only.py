@@ -5,19 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.layers import (
     DecoderLayer,
-    EmbedTokens,
-    attend,
-    default_positions,
-    embedding,
+    embed_tokens,
     layer_norm,
-    output_dense,
     prefix_lm_mask,
+    vocabulary_logits,
 )
 
 Array = jax.Array
@@ -56,10 +52,7 @@ class DecoderOnly(nn.Module):
     own); slots and positions differ when a batch's prompts differ in length.
     """
     config = self.config
-    token_embedding = embedding(config.vocab_size, config, "token_embedding")
-    if positions is None:
-      positions = default_positions(tokens)
-    x = EmbedTokens(config, token_embedding, name="embed")(tokens, positions, train)
+    token_embedding, x = embed_tokens(config, tokens, positions, train)
     mask = cache_mask if decode else prefix_lm_mask(tokens, segment_ids, prefix)
     for i in range(config.num_decoder_layers):
       x = DecoderLayer(config, cross_attention=False, name=f"decoder_{i}")(
@@ -67,5 +60,4 @@ class DecoderOnly(nn.Module):
       )
     if config.norm == "pre":
       x = layer_norm(config, "decoder_norm")(x)
-    logits = attend(token_embedding, x, config) if config.tie_output else output_dense(config)(x)
-    return logits.astype(jnp.float32)
+    return vocabulary_logits(config, token_embedding, x)

@@ -11,15 +11,12 @@ from flax import linen as nn
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
-    EmbedTokens,
     EncoderLayer,
-    attend,
-    default_positions,
     dense,
-    embedding,
+    embed_tokens,
     layer_norm,
-    output_dense,
     self_attention_mask,
+    vocabulary_logits,
 )
 from transformer_jax.special_tokens import PAD_ID
 
@@ -59,10 +56,7 @@ class EncoderOnly(nn.Module):
   ) -> Array:
     """int[batch, length] -> float32 logits ([batch, length, vocab] or [batch, classes])."""
     config = self.config
-    token_embedding = embedding(config.vocab_size, config, "token_embedding")
-    if positions is None:
-      positions = default_positions(tokens)
-    x = EmbedTokens(config, token_embedding, name="embed")(tokens, positions, train)
+    token_embedding, x = embed_tokens(config, tokens, positions, train)
     mask = self_attention_mask(tokens, segment_ids, causal=False)
     for i in range(config.num_encoder_layers):
       x = EncoderLayer(config, name=f"encoder_{i}")(x, mask, train)
@@ -72,8 +66,7 @@ class EncoderOnly(nn.Module):
       return self.classify(x, tokens != PAD_ID, train)
     x = dense(config, config.d_model, ("embed", "mlp"), "head_transform")(x)
     x = layer_norm(config, "head_norm")(nn.gelu(x))
-    logits = attend(token_embedding, x, config) if config.tie_output else output_dense(config)(x)
-    return logits.astype(jnp.float32)
+    return vocabulary_logits(config, token_embedding, x)
 
   def classify(self, encoded: Array, valid: Array, train: bool) -> Array:
     """Mean of the non-PAD outputs [batch, d_model] -> tanh pooler -> [batch, num_classes]."""

@@ -245,5 +245,24 @@ def prefix_lm_mask(tokens: Array, segment_ids: Array | None, prefix: Array | Non
   )
 
 
+def embed_tokens(config: ModelConfig, tokens: Array, positions: Array | None,
+                 train: bool) -> tuple[nn.Embed, Array]:
+  """(the token embedding, embedded tokens [batch, len, d_model]) of a one-stack model.
+
+  Call from a compact method: the parameters land in its scope as
+  "token_embedding" and "embed".
+  """
+  token_embedding = embedding(config.vocab_size, config, "token_embedding")
+  if positions is None:
+    positions = default_positions(tokens)
+  return token_embedding, EmbedTokens(config, token_embedding, name="embed")(tokens, positions, train)
+
+
+def vocabulary_logits(config: ModelConfig, token_embedding: nn.Embed, x: Array) -> Array:
+  """float32[batch, len, vocab]: the tied embedding's transpose, or a separate projection."""
+  logits = attend(token_embedding, x, config) if config.tie_output else output_dense(config)(x)
+  return logits.astype(jnp.float32)
+
+
 def output_dense(config: ModelConfig) -> nn.Dense:
   return dense(config, config.vocab_size, ("embed", "vocab"), "output_projection", use_bias=False)
