@@ -92,8 +92,9 @@ def test_greedy_and_beam_search_decode_a_prefix_lm(model_and_params, method):
   for row in range(len(SOURCES)):
     produced = []
     for token in out[row]:
-      logits = full_target_logits(model, params, SOURCES[row:row + 1],
-                                  np.array([produced + [EOS_ID]], np.int32))  # The last is never read.
+      # One shape for every step (a PAD tail changes nothing before it); the EOS is not read.
+      target = (produced + [EOS_ID] + [PAD_ID] * 8)[:8]
+      logits = full_target_logits(model, params, SOURCES[row:row + 1], np.array([target], np.int32))
       expected = int(jnp.argmax(logits[0, len(produced)]))
       assert token == expected, (row, produced, token, expected)
       produced.append(int(token))

@@ -110,7 +110,7 @@ CASES = [
          ("--config.data.dataset=multi30k", "--config.data.data_dir={tmp}/no_such_dir"),
          ("{tmp}/no_such_dir does not exist",), workdir="fresh"),
     Case("plain_text_without_files", "train", ("--config.data.dataset=plain_text",),
-         ("needs --config.data.plain_text.train_source",), workdir="fresh"),
+         ("needs --config.data.plain_text.train_target",), workdir="fresh"),
     Case("plain_text_line_counts_differ", "train", PLAIN_TEXT,
          ("train.src has 3 lines but", "train.tgt has 2"),
          prepare=_plain_text(b"a b\nc d\ne f\n", b"x y\nz w\n"), workdir="fresh"),
