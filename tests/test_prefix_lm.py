@@ -87,7 +87,8 @@ def test_padding_between_the_halves_changes_nothing(model_and_params):
 def test_greedy_and_beam_search_decode_a_prefix_lm(model_and_params, method):
   """Greedy search follows the full model's argmax; beam 1 equals greedy."""
   model, params = model_and_params
-  options = DecodeOptions(method=method, beam_size=1, max_extra_len=3, growing_cache=True)
+  options = DecodeOptions(method=method, beam_size=1, max_extra_len=3, growing_cache=True,
+                          min_length=0)
   out = np.asarray(decode_batch(model, params, jnp.asarray(SOURCES), options, max_decode_len=6))
   for row in range(len(SOURCES)):
     produced = []
@@ -123,3 +124,22 @@ def test_a_packed_row_scores_each_pair_as_if_alone(model_and_params):
     alone += float(sums["nll_sum"])
   assert float(packed_sums["tokens"]) == 8
   np.testing.assert_allclose(float(packed_sums["nll_sum"]), alone, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam"])
+def test_min_length_keeps_eos_from_ending_an_empty_output(method):
+  """A model whose likeliest token is always EOS: min_length=1 still gives a token first."""
+  from transformer_jax.decode import search
+  from transformer_jax.decode.translator import no_eos_before
+
+  def eos_first(tokens, cache, step):
+    logits = jnp.zeros((tokens.shape[0], 8)).at[:, EOS_ID].set(5.0).at[:, 6].set(1.0)
+    return logits, cache
+
+  for min_length, first in ((0, EOS_ID), (1, 6)):
+    step = no_eos_before(eos_first, min_length)
+    if method == "greedy":
+      out = search.greedy_search(step, {}, batch_size=2, max_decode_len=4)
+    else:
+      out = search.beam_search(step, {}, 2, 2, 0.6, max_decode_len=4)[0][:, 0]
+    assert np.asarray(out)[:, 0].tolist() == [first, first], (min_length, out)

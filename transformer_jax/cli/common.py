@@ -152,6 +152,8 @@ def define_decode_flags() -> None:
   flags.DEFINE_integer("beam_size", 4, "Beam size (§6.1: 4).")
   flags.DEFINE_float("alpha", 0.6, "Length penalty exponent α (§6.1: 0.6).")
   flags.DEFINE_integer("max_extra_len", 50, "Output may be this many tokens longer than the input.")
+  flags.DEFINE_integer("min_length", 1, "Tokens before EOS may end an output (1: never empty; "
+                       "0: as the model says).")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
   flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0: all).")
   flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "
@@ -166,7 +168,7 @@ def decode_options() -> DecodeOptions:
   return DecodeOptions(
       method=FLAGS.method, beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
       max_extra_len=FLAGS.max_extra_len, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
-      growing_cache=FLAGS.growing_cache,
+      growing_cache=FLAGS.growing_cache, min_length=FLAGS.min_length,
   )
 
 

@@ -47,6 +47,10 @@ class DecodeOptions:
   # beam search, off otherwise: beam search gains (it reorders the cache every step),
   # greedy search loses to the extra compiles (measured on Multi30k val: benchmarks/README.md).
   growing_cache: bool | None = None
+  # EOS cannot end an output shorter than this (its logit is -inf before): 1 never returns an
+  # empty translation, which no training target is; a weak model's beam search otherwise
+  # finds one, as an EOS at step 0 pays no length penalty (fairseq's min_len does the same).
+  min_length: int = 1
 
   @classmethod
   def from_config(cls, config: Any) -> "DecodeOptions":
@@ -68,6 +72,8 @@ class DecodeOptions:
       raise UserError(f"--alpha={self.alpha} must be >= 0 (the paper uses 0.6)")
     if self.max_extra_len < 0:
       raise UserError(f"max_extra_len={self.max_extra_len} must be >= 0")
+    if self.min_length < 0:
+      raise UserError(f"--min_length={self.min_length} must be >= 0")
 
 
 def decode_batch(
@@ -99,6 +105,8 @@ def decode_batch(
     beam_cache, sentence_cache = split_cache(cache)
     beam_step = step_logits(model, params, src_tokens, sentence_cache)
     step, grow = step_logits(model, params, src_tokens), grow_cache
+  if options.min_length > 0 and not options.ignore_eos:
+    step, beam_step = (no_eos_before(fn, options.min_length) for fn in (step, beam_step))
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
   batch_size = src_tokens.shape[0]
@@ -116,6 +124,17 @@ def decode_batch(
       step, cache, rng if rng is not None else jax.random.key(0), batch_size,
       temperature=options.temperature, top_k=options.top_k, **common,
   )
+
+
+def no_eos_before(tokens_to_logits: search.TokensToLogits, min_length: int
+                  ) -> search.TokensToLogits:
+  """The step function with EOS impossible at steps < `min_length`."""
+
+  def step(tokens, cache, t):
+    logits, cache = tokens_to_logits(tokens, cache, t)
+    return logits.at[:, EOS_ID].set(jnp.where(t < min_length, -jnp.inf, logits[:, EOS_ID])), cache
+
+  return step
 
 
 class Translator:
