@@ -10,6 +10,7 @@ from ml_collections import config_flags
 import pytest
 
 from transformer_jax.configs import load_module, validate_config
+from transformer_jax.errors import UserError
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.info import abstract_params, parameter_counts
 from transformer_jax.model.transformer import Transformer
@@ -124,3 +125,31 @@ def test_table3_parameter_counts_match_the_paper(table3):
         f"Table 3 row {row}: {ours:.1f}M parameters at a 37k vocabulary, the paper "
         f"reports {expected}M")
   assert 60 < base < 66
+
+
+def test_learned_positions_must_cover_the_longest_row():
+  """Past the table, jnp.take gives NaN rows: a config that would get there is refused."""
+  from transformer_jax.configs import default_config
+
+  config = default_config()
+  config.model.update(dict(positions="learned", max_len=32))
+  config.data.max_len = 32
+  validate_config(config)
+  config.task = "prefix_lm"  # Source and target share one row: 64 positions.
+  with pytest.raises(UserError, match=r"max_len=32 learned positions cannot cover rows of 64 "
+                                      r"tokens \(source and target in one row\)"):
+    validate_config(config)
+  config.task, config.model.max_len = "translation", 8
+  with pytest.raises(UserError, match="raise config.model.max_len to 32"):
+    validate_config(config)
+
+
+def test_a_learned_position_model_refuses_a_longer_row():
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_jax.model.positions import PositionalEncoding
+
+  encoding = PositionalEncoding("learned", 8, max_len=4)
+  with pytest.raises(ValueError, match="5 positions exceed the 4 learned ones"):
+    encoding.init(jax.random.key(0), jnp.zeros((1, 5, 8)), jnp.arange(5)[None])

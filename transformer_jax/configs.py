@@ -96,6 +96,23 @@ def all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
   return keys
 
 
+# Tasks whose rows hold a source and its target one after the other.
+PAIR_ROW_TASKS = ("prefix_lm", "classification")
+
+
+def check_learned_positions(config: ml_collections.ConfigDict) -> None:
+  """Learned positions must cover the longest training row (past the table: NaN, not an error)."""
+  model = ModelConfig.from_config(config.model)
+  pair = config.task in PAIR_ROW_TASKS or (config.task == "masked_lm" and config.text_side == "pair")
+  row_len = config.data.max_len * (2 if pair else 1)
+  if model.positions == "learned" and model.max_len < row_len:
+    what = "source and target in one row" if pair else "data.max_len"
+    raise UserError(
+        f"config.model.max_len={model.max_len} learned positions cannot cover rows of {row_len} "
+        f"tokens ({what}); raise config.model.max_len to {row_len} or use "
+        "config.model.positions='sinusoidal'")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
   """Raises a one-line UserError for a key the defaults don't have, or a bad value."""
   valid = set(all_keys(default_config()))
@@ -104,7 +121,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       close = difflib.get_close_matches(key, sorted(valid), n=3)
       hint = f"; did you mean {', '.join('config.' + c for c in close)}?" if close else ""
       raise UserError(f"unknown config key config.{key}{hint}")
-  ModelConfig.from_config(config.model)
+  check_learned_positions(config)
   for key in ("num_train_steps", "gradient_accumulation_steps", "log_every_steps",
               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints", "warmup_steps"):
     if int(config[key]) < 1:

@@ -12,7 +12,11 @@ head reads [English | German] rows; half the German sides are those of
 another pair of similar length from the same batch (tasks/classification.py).
 `--config.init_from` takes every encoder weight from the masked-LM run; the
 pooler and classifier start fresh. The dev row is val accuracy; the final
-report scores test2016. Figures: results/mlm_multi30k/.
+report scores test2016.
+
+300 steps (under 5 minutes on 2 AVX2-only AMD EPYC cores, 2026-12-04): test2016
+accuracy 0.911 from the masked-LM encoder, 0.561 from scratch (chance: 0.5).
+Figures: results/mlm_multi30k/README.md.
 """
 
 import os

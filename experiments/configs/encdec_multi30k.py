@@ -7,7 +7,10 @@
 5.51M non-embedding parameters, as many as the prefix LM's 7 decoder layers.
 The step count gives it about the prefix LM's training time on the same
 host (an encoder-decoder step is cheaper: each token passes 3 layers, not 7).
-Figures beside the prefix LM's: results/prefix_lm_multi30k/.
+Reaches val perplexity 9.49 and test2016 sacreBLEU 33.52 (chrF 56.78; the
+average of the last 5 checkpoints, beam 4, α 0.6) in 21 min 23 s on 2 AVX2-only
+AMD EPYC cores (2026-12-04); the prefix LM, in 20 min 42 s: 16.88. Table:
+results/prefix_lm_multi30k/README.md.
 """
 
 import os

@@ -10,8 +10,9 @@ a random piece, 10% unchanged; tasks/masked_lm.py). Seeing both languages at
 once, it can fill a German gap from the English (Lample & Conneau, 2019).
 The dev row is the val pairs' masked-token accuracy and perplexity.
 
-Its encoder then starts the classifier of `classify_multi30k.py`. Figures:
-results/mlm_multi30k/.
+Reaches val masked-token accuracy 0.262 (test2016: 0.265, perplexity 147.6)
+after 600 steps on 2 AVX2-only AMD EPYC cores (2026-12-04). Its encoder then
+starts the classifier of `classify_multi30k.py`. Figures: results/mlm_multi30k/.
 """
 
 import ml_collections

@@ -12,7 +12,12 @@ shares this config's data, optimiser and decoding and trains for the same time.
 
 At the end the last 5 checkpoints are averaged and test2016 is decoded with
 beam 4, α 0.6, the paper's settings (none tuned), and scored with sacreBLEU
-against the cased, untokenized references. Figures: results/prefix_lm_multi30k/.
+against the cased, untokenized references.
+
+Trained to 620 steps (--config.num_train_steps=620, 20 min 42 s, the encoder-
+decoder's time) on 2 AVX2-only AMD EPYC cores (2026-12-04): val perplexity
+25.78, test2016 sacreBLEU 16.88 (chrF 38.94), against the encoder-decoder's
+33.52. Table and curves: results/prefix_lm_multi30k/README.md.
 """
 
 import ml_collections

@@ -50,6 +50,9 @@ class PositionalEncoding(nn.Module):
     if self.kind == "sinusoidal":
       encoding = sinusoidal_encoding(positions, self.d_model)
     else:
+      if positions.shape[-1] > self.max_len:  # jnp.take would fill the rows past it with NaN.
+        raise ValueError(f"{positions.shape[-1]} positions exceed the {self.max_len} learned "
+                         "ones; raise max_len")
       table = self.param(
           "position_embedding",
           nn.with_logical_partitioning(

@@ -193,10 +193,11 @@ class Bookkeeping:
     if log_due or checkpoint_due:
       metrics = jax.device_get(metrics)
       if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
+        kept = (f"the last good checkpoint (step {self.last_saved_step}) is intact"
+                if self.last_saved_step > 0 else "no checkpoint was written yet")
         raise NonFiniteLossError(
-            f"the loss became {metrics['loss']} at step {step}; the last good checkpoint "
-            f"(step {self.last_saved_step}) is intact; lower the learning rate or enable "
-            "config.grad_clip_norm")
+            f"the loss became {metrics['loss']} at step {step}; {kept}; lower the learning "
+            "rate or enable config.grad_clip_norm")
     if log_due:
       self.log(step, metrics)
     if checkpoint_due:
