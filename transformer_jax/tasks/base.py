@@ -47,6 +47,7 @@ class Task(abc.ABC):
 
   name: str = ""
   batch_keys: tuple[str, ...] = ()
+  count_unit: str = "tok"  # What sums["tokens"] counts, in the progress line's throughput.
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config

@@ -57,6 +57,7 @@ class ClassificationTask(CorpusTask):
   name = "classification"
   extra_tokens = ("<mask>",)  # The masked-LM vocabulary, so its weights load unchanged.
   batch_keys = CORPUS_BATCH_KEYS
+  count_unit = "pairs"
 
   def prepare_data(self) -> None:
     if self.config.data.pack:

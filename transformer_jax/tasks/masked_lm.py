@@ -77,6 +77,7 @@ class MaskedLMTask(CorpusTask):
   name = "masked_lm"
   extra_tokens = ("<mask>",)
   batch_keys = CORPUS_BATCH_KEYS
+  count_unit = "masked tok"
 
   def prepare_data(self) -> None:
     check_text_side(self.config.text_side)

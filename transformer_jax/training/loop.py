@@ -39,6 +39,7 @@ class Trainable(Protocol):
   """What the loop asks of a task (documented in `tasks/base.py`)."""
 
   batch_keys: tuple[str, ...]
+  count_unit: str
 
   def prepare_data(self) -> None: ...
   def build_model(self) -> Any: ...
@@ -121,7 +122,7 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
       jax.process_index(), jax.process_count())
   meta = dict(config=json.loads(config.to_json_best_effort()), **task.checkpoint_meta())
   run = Run(config, workdir, task, mesh, model, train_fn, eval_fn, manager,
-            MetricsWriter(workdir, config.num_train_steps), meta)
+            MetricsWriter(workdir, config.num_train_steps, unit=task.count_unit), meta)
   return run, state, train_iter
 
 

@@ -19,8 +19,11 @@ from tqdm import tqdm
 class MetricsWriter:
   """Appends one JSON object per logging step to `<workdir>/metrics.jsonl`."""
 
-  def __init__(self, workdir: str, total_steps: int, enabled: bool | None = None):
+  def __init__(self, workdir: str, total_steps: int, enabled: bool | None = None,
+               unit: str = "tok"):
+    """`unit`: what the throughput counts (a task's `count_unit`: tokens, masked tokens, pairs)."""
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self.unit = unit
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.total_steps = total_steps
     self._tensorboard = None
@@ -79,7 +82,7 @@ class MetricsWriter:
     line = (f"step {step}/{self.total_steps} | loss {row['loss']:.4f}"
             + (f" | ppl {row['perplexity']:.2f}" if "perplexity" in row else "")
             + (f" | acc {row['accuracy']:.3f}" if "accuracy" in row else "")
-            + f" | lr {row['learning_rate']:.2e} | {row['tokens_per_s']:,.0f} tok/s | ETA {eta}")
+            + f" | lr {row['learning_rate']:.2e} | {row['tokens_per_s']:,.0f} {self.unit}/s | ETA {eta}")
     if self._bar is not None:
       self._bar.write(line, file=sys.stderr)  # Above the bar, which stays at the bottom.
     else:
