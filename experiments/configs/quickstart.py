@@ -7,7 +7,8 @@ Trains 800 steps, then translates the 500-sentence test split with beam search
 test sacreBLEU 98.92; 4 minutes for the README's first command in a fresh
 venv with an empty home folder (install, corpus generation, compiles, 800
 steps at ~13.5k target tokens/s, decoding). Earlier, on a loaded host
-(2026-11-29): 98.57 after 800 steps, 88.08 after 500.
+(2026-11-29): 98.57 after 800 steps, 88.08 after 500. On 2 AVX2-only AMD EPYC
+cores (2026-12-04): 97.83, and 5 min 14 s for the whole first command.
 """
 
 from transformer_jax.configs import default_config
