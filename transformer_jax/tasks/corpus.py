@@ -24,7 +24,7 @@ from transformer_jax.data.tokenizer import load_tokenizer
 from transformer_jax.errors import UserError
 from transformer_jax.tasks.base import BatchIterator, Task
 from transformer_jax.training.losses import smoothing_entropy
-from transformer_jax.training.step import averages, eval_step
+from transformer_jax.training.step import averages, eval_step, sum_over_batches
 
 
 class CorpusTask(Task):
@@ -112,13 +112,9 @@ class CorpusTask(Task):
     run = self.load_run(workdir)
     step_fn = jax.jit(functools.partial(
         eval_step, loss_fn=functools.partial(self.loss_sums, run.model)))
-    shards = sharding.batch_shards(run.mesh)
-    totals: dict[str, float] = {}
+    batches = self.data.eval_batches(split, sharding.batch_shards(run.mesh))
     with sharding.mesh_context(run.mesh):
-      for batch in self.data.eval_batches(split, shards):
-        batch = {k: v for k, v in batch.items() if k in self.batch_keys}
-        sums = jax.device_get(step_fn(run.params, sharding.global_batch(batch, run.mesh)))
-        totals = {k: totals.get(k, 0.0) + float(v) for k, v in sums.items()}
+      totals = sum_over_batches(step_fn, run.params, batches, run.mesh, self.batch_keys)
     metrics = self.dev_metrics(run.model, run.params, totals, run.mesh)
     report = dict(split=split, checkpoint_step=run.step, **metrics)
     print(f"{self.name} on {split} (step {run.step}): "

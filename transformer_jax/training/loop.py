@@ -32,7 +32,7 @@ from transformer_jax.training.metric_writers import MetricsWriter
 from transformer_jax.training.preemption import PreemptionWatcher
 from transformer_jax.training.schedules import make_optimizer, make_schedule
 from transformer_jax.training.state import TrainState, create_train_state
-from transformer_jax.training.step import compile_steps
+from transformer_jax.training.step import compile_steps, sum_over_batches
 
 
 class Trainable(Protocol):
@@ -157,13 +157,9 @@ def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState
 
 def evaluate(run: Run, params: Any) -> dict[str, float]:
   """The task's dev row: its summed quantities over every dev example, then its metrics."""
-  totals: dict[str, float] = {}
   batches = run.task.eval_batches(sharding.batch_shards(run.mesh), jax.process_index(),
                                   jax.process_count())
-  for batch in batches:
-    batch = {k: v for k, v in batch.items() if k in run.task.batch_keys}
-    sums = jax.device_get(run.eval_fn(params, sharding.global_batch(batch, run.mesh)))
-    totals = {k: totals.get(k, 0.0) + float(v) for k, v in sums.items()}
+  totals = sum_over_batches(run.eval_fn, params, batches, run.mesh, run.task.batch_keys)
   return run.task.dev_metrics(run.model, params, totals, run.mesh)
 
 

@@ -89,6 +89,17 @@ def eval_step(params: Any, batch: Batch, *, loss_fn: LossFn) -> dict[str, jax.Ar
   return sums
 
 
+def sum_over_batches(eval_fn: Callable, params: Any, batches: Any, mesh: Mesh,
+                     batch_keys: tuple[str, ...]) -> dict[str, float]:
+  """The summed quantities of `eval_fn(params, batch)` over `batches` (this host's rows), added up."""
+  totals: dict[str, float] = {}
+  for batch in batches:
+    batch = {k: v for k, v in batch.items() if k in batch_keys}
+    sums = jax.device_get(eval_fn(params, sharding.global_batch(batch, mesh)))
+    totals = {k: totals.get(k, 0.0) + float(v) for k, v in sums.items()}
+  return totals
+
+
 def compile_steps(
     loss_fn: LossFn, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
     config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: Any,
