@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer_jax.errors import UserError
@@ -65,9 +64,6 @@ class CausalLMTask(CorpusTask):
 
   def build_model(self) -> DecoderOnly:
     return DecoderOnly(self.config.model)
-
-  def init_params(self, model: nn.Module, key: jax.Array) -> Any:
-    return model.init(key, jnp.ones((1, 8), jnp.int32), train=False)["params"]
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     if self.config.text_side == "source":

@@ -28,7 +28,7 @@ from transformer_jax.errors import UserError
 from transformer_jax.model.encoder_only import EncoderOnly
 from transformer_jax.special_tokens import PAD_ID
 from transformer_jax.tasks.corpus import CorpusTask
-from transformer_jax.tasks.masked_lm import CORPUS_BATCH_KEYS, step_keys
+from transformer_jax.tasks.masked_lm import step_keys
 from transformer_jax.tasks.rows import pair_rows
 from transformer_jax.training.step import averages
 
@@ -56,7 +56,6 @@ class ClassificationTask(CorpusTask):
 
   name = "classification"
   extra_tokens = ("<mask>",)  # The masked-LM vocabulary, so its weights load unchanged.
-  batch_keys = CORPUS_BATCH_KEYS
   count_unit = "pairs"
 
   def prepare_data(self) -> None:
@@ -66,9 +65,6 @@ class ClassificationTask(CorpusTask):
 
   def build_model(self) -> EncoderOnly:
     return EncoderOnly(self.config.model, head="classify", num_classes=2)
-
-  def init_params(self, model: nn.Module, key: Array) -> Any:
-    return model.init(key, jnp.ones((1, 8), jnp.int32), train=False)["params"]
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     key, rngs = step_keys(self.config.seed, batch["src_tokens"], train, dropout_key)

@@ -13,6 +13,7 @@ import os
 from typing import Any, Iterable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import linen as nn
@@ -23,8 +24,15 @@ from transformer_jax.data.pipeline import TranslationData, load_dataset
 from transformer_jax.data.tokenizer import load_tokenizer
 from transformer_jax.errors import UserError
 from transformer_jax.tasks.base import BatchIterator, Task
+from transformer_jax.tasks.rows import CORPUS_BATCH_KEYS
 from transformer_jax.training.losses import smoothing_entropy
 from transformer_jax.training.step import averages, eval_step, sum_over_batches
+
+
+def init_one_stack(model: nn.Module, key: jax.Array) -> Any:
+  """The boxed parameters of a one-stack model (DecoderOnly, EncoderOnly): shapes do not
+  depend on the length."""
+  return model.init(key, jnp.ones((1, 8), jnp.int32), train=False)["params"]
 
 
 class CorpusTask(Task):
@@ -35,6 +43,7 @@ class CorpusTask(Task):
   """
 
   extra_tokens: tuple[str, ...] = ()
+  batch_keys = CORPUS_BATCH_KEYS
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
@@ -51,6 +60,9 @@ class CorpusTask(Task):
     with self.config.unlocked():
       # The model follows the tokenizer.
       self.config.model.vocab_size = self._data.tokenizer.vocab_size + len(self.extra_tokens)
+
+  def init_params(self, model: nn.Module, key: jax.Array) -> Any:
+    return init_one_stack(model, key)
 
   def train_iterator(self, batch_multiple: int, process_index: int, process_count: int
                      ) -> BatchIterator:

@@ -32,8 +32,6 @@ from transformer_jax.training.step import averages
 Array = jax.Array
 REPLACE_WITH_MASK = 0.8  # Of the chosen tokens; then 10% random, 10% unchanged.
 REPLACE_WITH_RANDOM = 0.1
-CORPUS_BATCH_KEYS = ("src_tokens", "target_tokens", "src_segment_ids", "target_segment_ids",
-                     "src_positions", "target_positions")
 
 
 def mask_tokens(key: Array, tokens: Array, rate: float, mask_id: int) -> tuple[Array, Array]:
@@ -76,7 +74,6 @@ class MaskedLMTask(CorpusTask):
 
   name = "masked_lm"
   extra_tokens = ("<mask>",)
-  batch_keys = CORPUS_BATCH_KEYS
   count_unit = "masked tok"
 
   def prepare_data(self) -> None:
@@ -89,9 +86,6 @@ class MaskedLMTask(CorpusTask):
 
   def build_model(self) -> EncoderOnly:
     return EncoderOnly(self.config.model, head="mlm")
-
-  def init_params(self, model: nn.Module, key: Array) -> Any:
-    return model.init(key, jnp.ones((1, 8), jnp.int32), train=False)["params"]
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     rows = text_rows(batch, self.config.text_side)

@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.model.transformer import shift_right
+from transformer_jax.tasks.corpus import init_one_stack
 from transformer_jax.tasks.rows import pair_rows
 from transformer_jax.tasks.translation import TranslationTask
 from transformer_jax.training.losses import loss_sums
@@ -45,7 +45,7 @@ class PrefixLMTask(TranslationTask):
     return DecoderOnly(self.config.model)
 
   def init_params(self, model: nn.Module, key: jax.Array) -> Any:
-    return model.init(key, jnp.ones((1, 8), jnp.int32), train=False)["params"]
+    return init_one_stack(model, key)
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     return prefix_lm_loss_sums(model, params, batch, train, dropout_key,

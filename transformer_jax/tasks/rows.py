@@ -23,6 +23,9 @@ from transformer_jax.special_tokens import PAD_ID
 
 Array = jax.Array
 TEXT_SIDES = ("source", "target", "pair")
+# Every array a corpus batch may hold (the segment ids and positions only when packed).
+CORPUS_BATCH_KEYS = ("src_tokens", "target_tokens", "src_segment_ids", "target_segment_ids",
+                     "src_positions", "target_positions")
 
 
 class Rows(NamedTuple):

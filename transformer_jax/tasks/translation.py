@@ -54,8 +54,6 @@ class TranslationTask(CorpusTask):
   """Source -> target with the encoder-decoder; dev loss and BLEU; a final test-set report."""
 
   name = "translation"
-  batch_keys = ("src_tokens", "target_tokens", "src_segment_ids", "target_segment_ids",
-                "src_positions", "target_positions")
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
