@@ -3,7 +3,9 @@
   python benchmarks/attention.py --json [--attention_impls=plain,xla] [--attention_lengths=...]
 
 `dot_product_attention` alone, forward and forward+backward, from 128 to 8192 tokens at a
-fixed token count per call (batch = --attention_tokens / length). A length is skipped once
+fixed token count per call (batch = --attention_tokens / length): throughput per
+implementation. The cost curve at batch 1 with each point's measured peak memory is
+experiments/attention_scaling.py. A length is skipped once
 one call takes longer than --attention_max_seconds, or, on a CPU, when its compiled
 temporaries exceed --attention_max_gib.
 """
@@ -17,7 +19,8 @@ from timing import median_time
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("attention_lengths", "128,256,512,1024,2048,4096,8192", "Sequence lengths.")
-flags.DEFINE_list("attention_impls", "", "Implementations; default plain,xla (+cudnn on GPU).")
+flags.DEFINE_list("attention_impls", "",
+                  "Implementations; default plain,xla,chunked (+pallas,cudnn on GPU).")
 flags.DEFINE_integer("attention_tokens", 8192, "batch = max(1, attention_tokens / length).")
 flags.DEFINE_integer("attention_heads", 8, "Heads.")
 flags.DEFINE_integer("attention_depth", 64, "Depth per head.")
@@ -35,9 +38,11 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   import jax.numpy as jnp
 
   from transformer_jax.model.attention import dot_product_attention
+  from transformer_jax.model.masking import AttentionMask
 
   on_cpu = jax.devices()[0].platform == "cpu"
-  impls = FLAGS.attention_impls or (["plain", "xla"] + ([] if on_cpu else ["cudnn"]))
+  impls = FLAGS.attention_impls or (["plain", "xla", "chunked"]
+                                    + ([] if on_cpu else ["pallas", "cudnn"]))
   dtype = jnp.dtype(FLAGS.attention_dtype or ("float32" if on_cpu else "bfloat16"))
   heads, depth = FLAGS.attention_heads, FLAGS.attention_depth
   rows = []
@@ -52,7 +57,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
         continue
       keys = jax.random.split(jax.random.key(length), 3)
       q, k, v = (jax.random.normal(key, (batch, length, heads, depth), dtype) for key in keys)
-      mask = jnp.ones((batch, 1, 1, length), bool)  # Encoder-style key padding mask.
+      mask = AttentionMask(key_valid=jnp.ones((batch, length), bool))  # Key padding.
       attend = lambda q, k, v, mask: dot_product_attention(q, k, v, mask, impl)
       loss = lambda q, k, v, mask: jnp.sum(attend(q, k, v, mask).astype(jnp.float32))
       for name, fn in (("forward", attend),

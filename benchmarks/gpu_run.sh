@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot GPU benchmark: base and big in bf16 with ~25k source + ~25k target
 # tokens a step (§5.1), the XLA against the cuDNN attention path, an f32 base
-# reference, the attention sweep, and decoding (greedy and beam 4).
+# reference, the attention sweeps (every implementation; pallas and cudnn against xla at
+# 4k, 16k and 64k tokens), and decoding (greedy and beam 4).
 #
 #   bash benchmarks/gpu_run.sh            # from the repo root or anywhere
 #   QUICK=1 bash benchmarks/gpu_run.sh    # fewer steps, for a short device slot
@@ -56,6 +57,10 @@ run big_bf16_cudnn   train_step.py "${BIG[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --
 run big_bf16_xla     train_step.py "${BIG[@]}" "${BF16[@]}" "${BATCH_25K[@]}" --config.model.attention_impl=xla --json
 run attention_bf16   attention.py --attention_lengths=128,256,512,1024,2048,4096,8192,16384 \
     --attention_tokens=65536 --attention_max_seconds=30 --json
+# The flash kernels against XLA's attention at long lengths (64k tokens a call, bf16).
+run attention_long_bf16 attention.py --attention_impls=xla,pallas,cudnn,chunked \
+    --attention_lengths=4096,16384,65536 --attention_tokens=65536 --attention_max_seconds=60 \
+    --attention_max_gib=120 --json
 for model in base big; do
   config=(--config=experiments/configs/wmt14_$model.py)
   run "decode_${model}_bf16_b64" decoding.py "${config[@]}" "${BF16[@]}" --beam_size=4 \

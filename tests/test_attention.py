@@ -1,4 +1,5 @@
 """Scaled dot-product attention against a float64 NumPy reference, and the masks."""
+# Every implementation against "plain" lives in test_attention_implementations.py.
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.model import attention
+from transformer_jax.model.masking import AttentionMask
 
 
 def _reference_attention(query, key, value, mask):
@@ -25,14 +27,14 @@ def _random_inputs(d_k=8, d_v=8):
   key = jax.random.normal(keys[1], (2, 7, 3, d_k))
   value = jax.random.normal(keys[2], (2, 7, 3, d_v))
   key_tokens = jnp.array([[4, 5, 6, 7, 8, 0, 0], [4, 5, 6, 7, 8, 9, 3]])
-  return query, key, value, attention.padding_mask(key_tokens)
+  return query, key, value, AttentionMask(key_valid=key_tokens != 0)
 
 
 @pytest.mark.parametrize("d_k,d_v", [(8, 8), (4, 16)])
 def test_attention_matches_float64_reference(d_k, d_v):
   query, key, value, mask = _random_inputs(d_k, d_v)
   got = attention.dot_product_attention(query, key, value, mask, "plain")
-  want = _reference_attention(query, key, value, np.asarray(mask))
+  want = _reference_attention(query, key, value, np.asarray(mask.dense(5, 7)))
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -44,18 +46,27 @@ def test_fused_path_equals_plain_path(d_k, d_v):
   np.testing.assert_allclose(fused, plain, atol=1e-5, rtol=1e-5)
 
 
-def test_padding_mask_hides_pad_keys():
-  mask = attention.padding_mask(jnp.array([[5, 6, 0]]))
-  assert mask.shape == (1, 1, 1, 3)
-  np.testing.assert_array_equal(mask[0, 0, 0], [True, True, False])
+def test_mask_parts_expand_to_the_paper_masks():
+  tokens = jnp.array([[5, 6, 0]])
+  padding = AttentionMask.self_attention(tokens, None, causal=False).dense(3, 3)
+  np.testing.assert_array_equal(padding[0, 0, 0], [True, True, False])
+  causal = AttentionMask(causal=True).dense(4, 4)
+  np.testing.assert_array_equal(causal[0, 0], np.tril(np.ones((4, 4), bool)))
+  prefix = AttentionMask(causal=True, prefix=jnp.array([[True, True, False, False]])).dense(4, 4)
+  assert bool(prefix[0, 0, 0, 1]), "a prefix token sees the later prefix tokens"
+  assert not bool(prefix[0, 0, 2, 3]), "a target token does not see the next one"
 
 
-def test_causal_mask_is_lower_triangular():
-  np.testing.assert_array_equal(attention.causal_mask(4)[0, 0], np.tril(np.ones((4, 4), bool)))
+def test_a_block_is_the_matching_window_of_the_whole_mask():
+  segments = jnp.array([[1, 1, 1, 2, 2, 2, 2, 0]])
+  tokens = jnp.array([[4, 4, 4, 4, 4, 4, 4, 0]])
+  mask = AttentionMask.self_attention(tokens, segments, causal=True)
+  whole = mask.dense(8, 8)
+  np.testing.assert_array_equal(mask.block(4, 4, 2, 3), whole[:, :, 4:8, 2:5])
 
 
 def test_masked_keys_get_zero_weight():
   query, key, value, mask = _random_inputs()
-  weights = attention.dot_product_attention_weights(query, key, mask)
+  weights = attention.dot_product_attention_weights(query, key, mask.dense(5, 7))
   assert float(weights[0, :, :, 5:].max()) == 0.0, "PAD keys must receive no attention"
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)

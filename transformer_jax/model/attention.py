@@ -1,8 +1,19 @@
-"""Scaled dot-product and multi-head attention (§3.2), with masks and a KV cache.
+"""Scaled dot-product and multi-head attention (§3.2), with a KV cache.
 
-Layout convention: per-head tensors are ``[batch, length, heads, depth]``;
-masks are boolean ``[batch, 1, query_len, key_len]`` where True means "may
-attend".
+Layout convention: per-head tensors are ``[batch, length, heads, depth]``.
+Masks are `masking.AttentionMask`s (which keys each query may see, kept as
+vectors); the plain path expands one into bool[batch, 1, q_len, k_len].
+
+Implementations (`config.model.attention_impl`):
+  plain    einsum, softmax, einsum here; O(n²) memory. Attention dropout.
+  xla      `jax.nn.dot_product_attention`'s XLA path; O(n²).
+  chunked  blocks with an online softmax (chunked_attention.py), any backend;
+           O(n·block) memory; attention dropout.
+  pallas   JAX's Pallas flash kernels on GPU and TPU (flash_attention.py).
+  cudnn    cuDNN's flash attention through `jax.nn.dot_product_attention`;
+           NVIDIA GPUs from Ampere on, bfloat16 or float16 operands.
+A decoding step attends a few queries to the cache: it runs the chunked
+kernel under "chunked" and the plain einsums under every other choice.
 """
 
 from __future__ import annotations
@@ -15,48 +26,24 @@ import numpy as np
 from flax import linen as nn
 
 from transformer_jax.model import precision
-from transformer_jax.model.dropout import Dropout
-from transformer_jax.special_tokens import PAD_ID
+from transformer_jax.model.chunked_attention import (
+    DEFAULT_BLOCK,
+    chunked_attention,
+    chunked_attention_heads_first,
+)
+from transformer_jax.model.dropout import Dropout, keep_mask
+from transformer_jax.model.flash_attention import pallas_attention
+from transformer_jax.model.masking import AttentionMask
 
 Array = jax.Array
 
-ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "chunked", "pallas", "cudnn")
+WITH_ATTENTION_DROPOUT = ("plain", "chunked")
+CUDNN_MIN_COMPUTE_CAPABILITY = 8.0  # cuDNN's flash attention: Ampere (sm80) and later.
 
 # Large negative logit for masked positions: finite, so a fully masked row
 # (a padding query) gives a uniform distribution instead of NaN.
 _MASKED_LOGIT = -1e9
-
-
-# --- Masks -------------------------------------------------------------------
-
-
-def padding_mask(key_tokens: Array) -> Array:
-  """bool[batch, 1, 1, k_len]: True where the key is not PAD.
-
-  Only keys are masked: a PAD query still gets a well-defined output (which
-  the loss ignores), so appending PAD never changes any position's result.
-  """
-  return (key_tokens != PAD_ID)[:, None, None, :]
-
-
-def causal_mask(length: int) -> Array:
-  """bool[1, 1, length, length]: position i may attend to positions <= i."""
-  positions = jnp.arange(length)
-  return (positions[None, :] <= positions[:, None])[None, None]
-
-
-def segment_mask(query_segment_ids: Array, key_segment_ids: Array) -> Array:
-  """bool[batch, 1, q_len, k_len]: attend only within the same packed segment."""
-  return query_segment_ids[:, None, :, None] == key_segment_ids[:, None, None, :]
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-  """Logical AND of the masks that are not None (broadcasting)."""
-  result = None
-  for mask in masks:
-    if mask is not None:
-      result = mask if result is None else jnp.logical_and(result, mask)
-  return result
 
 
 # --- Scaled dot-product attention ------------------------------------------
@@ -96,13 +83,37 @@ def masked_softmax(logits: Array, mask: Array | None) -> Array:
   return jax.nn.softmax(logits, axis=-1)
 
 
+def check_cudnn(operand_dtype: Any) -> None:
+  """Raises a one-line ValueError where cuDNN's flash attention cannot run."""
+  backend = jax.default_backend()
+  if backend != "gpu":
+    raise ValueError(f"attention_impl='cudnn' needs an NVIDIA GPU (this backend: {backend}); "
+                     "use attention_impl='chunked' or 'plain'")
+  capability = float(getattr(jax.devices()[0], "compute_capability", "0") or 0)
+  if capability < CUDNN_MIN_COMPUTE_CAPABILITY:
+    raise ValueError(f"attention_impl='cudnn' needs a GPU of compute capability >= "
+                     f"{CUDNN_MIN_COMPUTE_CAPABILITY} (this one: {capability}); use "
+                     "attention_impl='pallas' or 'chunked'")
+  if jnp.dtype(operand_dtype) not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f"attention_impl='cudnn' takes bfloat16 or float16 operands, not "
+                     f"{jnp.dtype(operand_dtype).name}; set config.model.matmul_dtype='bfloat16' "
+                     "or use attention_impl='chunked'")
+
+
+def _dense(mask: AttentionMask | None, q_len: int, k_len: int) -> Array | None:
+  return None if mask is None else mask.dense(q_len, k_len)
+
+
 def dot_product_attention(
     query: Array,
     key: Array,
     value: Array,
-    mask: Array | None,
+    mask: AttentionMask | None,
     implementation: str = "plain",
     matmul_dtype: Any = None,
+    dropout_rate: float = 0.0,
+    dropout_key: Array | None = None,
+    block_size: int = DEFAULT_BLOCK,
 ) -> Array:
   """Scaled dot-product attention, [batch, q_len, heads, d_v].
 
@@ -110,30 +121,48 @@ def dot_product_attention(
     query: [batch, q_len, heads, d_k].
     key: [batch, k_len, heads, d_k].
     value: [batch, k_len, heads, d_v]; d_v may differ from d_k (Table 3 B).
-    mask: bool, broadcastable to [batch, heads, q_len, k_len], or None.
-    implementation: "plain" (einsum + softmax here) or "xla" / "cudnn", which
-      dispatch to the fused `jax.nn.dot_product_attention`.
-    matmul_dtype: operand dtype of the plain path's two matmuls; None: the
-      inputs' dtype. The fused paths compute in the inputs' dtype.
+    mask: which keys each query sees, or None.
+    implementation: one of ATTENTION_IMPLEMENTATIONS (see the module doc).
+    matmul_dtype: operand dtype of the two matmuls (plain, chunked; cudnn
+      rounds its inputs to it); None: the inputs' dtype. xla and pallas
+      compute in the inputs' dtype.
+    dropout_rate, dropout_key: dropout on the attention weights (plain and
+      chunked only).
+    block_size: the chunked path's block.
   """
+  q_len, k_len = query.shape[1], key.shape[1]
+  if dropout_rate > 0.0 and implementation not in WITH_ATTENTION_DROPOUT:
+    raise ValueError(f"attention_impl={implementation!r} has no attention dropout; use one of "
+                     f"{', '.join(WITH_ATTENTION_DROPOUT)} or attention_dropout_rate=0")
   if implementation == "plain":
-    weights = dot_product_attention_weights(query, key, mask, matmul_dtype)
+    weights = dot_product_attention_weights(query, key, _dense(mask, q_len, k_len), matmul_dtype)
+    if dropout_rate > 0.0:
+      keep, keep_probability = keep_mask(dropout_key, weights.shape, dropout_rate)
+      weights = jnp.where(keep, weights / keep_probability, 0.0)
     return weighted_values(weights, value, matmul_dtype)
-
+  if implementation == "chunked":
+    return chunked_attention(query, key, value, mask, block_size=block_size,
+                             matmul_dtype=matmul_dtype, dropout_rate=dropout_rate,
+                             dropout_key=dropout_key)
+  if implementation == "pallas":
+    return pallas_attention(query, key, value, mask)
+  if implementation == "cudnn":
+    operand_dtype = matmul_dtype or query.dtype
+    check_cudnn(operand_dtype)
+    query, key, value = (x.astype(operand_dtype) for x in (query, key, value))
   # The fused kernel needs one head depth for Q, K and V. Zero-padding Q and K
   # leaves QKᵀ unchanged; the scale stays 1/√d_k; padded V columns are cut.
   d_k, d_v = query.shape[-1], value.shape[-1]
   depth = max(d_k, d_v)
   pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, depth - x.shape[-1])])
-  if mask is not None:
-    mask = jnp.broadcast_to(
-        mask, (query.shape[0], 1, query.shape[1], key.shape[1])
-    )
+  dense = _dense(mask, q_len, k_len)
+  if dense is not None:
+    dense = jnp.broadcast_to(dense, (query.shape[0], 1, q_len, k_len))
   out = jax.nn.dot_product_attention(
       pad(query),
       pad(key),
       pad(value),
-      mask=mask,
+      mask=dense,
       scale=float(d_k) ** -0.5,
       implementation=implementation if implementation == "cudnn" else "xla",
   )
@@ -153,6 +182,7 @@ class MultiHeadAttention(nn.Module):
     d_model: output width.
     dropout_rate: dropout on the attention weights (0 in the paper).
     implementation: see `dot_product_attention`.
+    block_size: the chunked path's block.
     dtype: compute dtype; parameters are float32.
     matmul_dtype: operand dtype of every matmul (`precision.einsum`); None:
       `dtype`.
@@ -164,6 +194,7 @@ class MultiHeadAttention(nn.Module):
   d_model: int
   dropout_rate: float = 0.0
   implementation: str = "plain"
+  block_size: int = DEFAULT_BLOCK
   dtype: jnp.dtype = jnp.float32
   matmul_dtype: Any = None
 
@@ -214,7 +245,7 @@ class MultiHeadAttention(nn.Module):
       self,
       inputs_q: Array,
       inputs_kv: Array | None,
-      mask: Array | None,
+      mask: AttentionMask | None,
       train: bool = False,
       decode: bool = False,
       cross_attention: bool = False,
@@ -226,7 +257,7 @@ class MultiHeadAttention(nn.Module):
       inputs_kv: [batch, kv_len, d_model]; pass the same array as `inputs_q`
         for self-attention. None only for cached cross-attention steps, whose
         keys and values were stored when the cache was made.
-      mask: bool [batch, 1, q_len, kv_len] or None.
+      mask: which keys each query sees, or None.
       train: enables attention dropout.
       decode: incremental decoding with the "cache" collection. Self-attention
         appends the keys/values of its q_len tokens at `cache_index`; cross-
@@ -249,16 +280,22 @@ class MultiHeadAttention(nn.Module):
         (query,) = self._project(inputs_q, (("query", self.d_k),))
         key, value = self._project(inputs_kv, key_value)
       query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+      use_dropout = self.dropout_rate > 0.0 and train
       if self.implementation == "plain":
-        weights = dot_product_attention_weights(query, key, mask, self.matmul_dtype)
+        weights = dot_product_attention_weights(
+            query, key, None if mask is None else mask.dense(query.shape[1], key.shape[1]),
+            self.matmul_dtype)
         # Kept for attention heat-maps: apply(..., mutable=["intermediates"]).
         self.sow("intermediates", "attention_weights", weights)
-        if self.dropout_rate > 0.0 and train:
+        if use_dropout:
           weights = Dropout(rate=self.dropout_rate, deterministic=False)(weights)
         attended = weighted_values(weights, value, self.matmul_dtype)
       else:
         attended = dot_product_attention(
-            query, key, value, mask, self.implementation, self.matmul_dtype
+            query, key, value, mask, self.implementation, self.matmul_dtype,
+            dropout_rate=self.dropout_rate if use_dropout else 0.0,
+            dropout_key=self.make_rng("dropout") if use_dropout else None,
+            block_size=self.block_size,
         )
     output_kernel = self._kernel(
         "out", (self.num_heads, self.d_v, self.d_model), ("heads", "kv", "embed"), (0, 1)
@@ -271,7 +308,8 @@ class MultiHeadAttention(nn.Module):
     return output.reshape(batch, length, self.d_model)
 
   def _decode_attention(
-      self, inputs_q: Array, inputs_kv: Array | None, mask: Array | None, cross_attention: bool
+      self, inputs_q: Array, inputs_kv: Array | None, mask: AttentionMask | None,
+      cross_attention: bool
   ) -> Array:
     """Attention against the cache, [batch, q_len, heads, d_v].
 
@@ -299,10 +337,15 @@ class MultiHeadAttention(nn.Module):
       key = self.get_variable("cache", "cross_key")
       value = self.get_variable("cache", "cross_value")
       (query,) = self._project(inputs_q, (("query", self.d_k),))
+      mask = None if mask is None else mask.dense(inputs_q.shape[1], key.shape[2])
     else:
+      if mask is not None and not mask.is_explicit_only:
+        raise ValueError("a decoding step's self-attention mask names cache slots: "
+                         "AttentionMask.from_dense(bool[rows, 1, length, cache_len])")
       query, new_key, new_value = self._project(inputs_q, (("query", self.d_k),) + key_value)
       key, value, mask = self._update_self_attention_cache(
-          to_cache_layout(new_key), to_cache_layout(new_value), mask
+          to_cache_layout(new_key), to_cache_layout(new_value),
+          None if mask is None else mask.explicit,
       )
     # A cache with one row per sentence serves all of that sentence's beams:
     # the beams become extra query positions of that row.
@@ -311,6 +354,13 @@ class MultiHeadAttention(nn.Module):
     query = query.reshape(key.shape[0], group * q_len, self.num_heads, self.d_k)
     if mask is not None and mask.shape[0] not in (1, key.shape[0]):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
+    if mask is not None and group > 1 and mask.shape[2] > 1:
+      mask = jnp.tile(mask, (1, 1, group, 1))  # Query g·q_len + t is token t of beam g.
+    if self.implementation == "chunked":
+      attended = chunked_attention_heads_first(
+          query.transpose(0, 2, 1, 3), key, value, AttentionMask.from_dense(mask),
+          block_size=self.block_size, matmul_dtype=self._operand_dtype).transpose(0, 2, 1, 3)
+      return attended.astype(self.dtype).reshape(rows, q_len, self.num_heads, self.d_v)
     # Decoding is inference: these two products keep JAX's own gradients.
     logits = self._matmul("bqhd,bhkd->bhqk", query, key, False) / jnp.sqrt(self.d_k).astype(
         query.dtype

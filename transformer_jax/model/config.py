@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformer_jax.errors import UserError
-from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS
+from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS, WITH_ATTENTION_DROPOUT
 from transformer_jax.model.positions import POSITION_KINDS
 
 NORM_PLACEMENTS = ("post", "pre")
@@ -57,14 +57,16 @@ class ModelConfig:
   max_len: int = 512              # Learned positions only; sinusoids have no limit.
   norm: str = "post"              # "post" (the paper) | "pre".
   layer_norm_epsilon: float = 1e-6
-  attention_impl: str = "plain"   # "plain" | "xla" | "cudnn" (jax.nn.dot_product_attention).
+  attention_impl: str = "plain"   # "plain" | "xla" | "chunked" | "pallas" | "cudnn" (attention.py).
+  attention_block_size: int = 512  # Queries and keys per block of attention_impl="chunked".
   dtype: str = "float32"          # Compute dtype; parameters stay float32.
   matmul_dtype: str = ""          # "": dtype. Matmul operand dtype with float32 accumulation
                                   # (precision.py); "bfloat16" with dtype "float32" is mixed
                                   # precision, fast on CPUs with AVX512-BF16 or AMX.
 
   def __post_init__(self):
-    for key in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len"):
+    for key in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len",
+                "attention_block_size"):
       value = getattr(self, key)
       if not isinstance(value, int) or value < 1:
         raise UserError(f"config.model.{key}={value!r} must be a positive integer")
@@ -95,10 +97,11 @@ class ModelConfig:
       raise UserError(
           f"config.model.source_vocab_size={resolved['source_vocab_size']} differs from "
           f"vocab_size={self.vocab_size}; set share_embeddings=False for separate vocabularies")
-    if self.attention_impl != "plain" and self.attention_dropout_rate > 0:
+    if self.attention_impl not in WITH_ATTENTION_DROPOUT and self.attention_dropout_rate > 0:
       raise UserError(
           f"config.model.attention_impl={self.attention_impl!r} has no attention dropout; use "
-          "attention_impl='plain' or attention_dropout_rate=0")
+          f"attention_impl={' or '.join(map(repr, WITH_ATTENTION_DROPOUT))} or "
+          "attention_dropout_rate=0")
     for key, value in resolved.items():
       object.__setattr__(self, key, value)
 

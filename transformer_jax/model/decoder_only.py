@@ -8,11 +8,11 @@ import jax
 from flax import linen as nn
 
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.layers import (
     DecoderLayer,
     embed_tokens,
     layer_norm,
-    prefix_lm_mask,
     vocabulary_logits,
 )
 
@@ -53,7 +53,10 @@ class DecoderOnly(nn.Module):
     """
     config = self.config
     token_embedding, x = embed_tokens(config, tokens, positions, train)
-    mask = cache_mask if decode else prefix_lm_mask(tokens, segment_ids, prefix)
+    if decode:
+      mask = AttentionMask.from_dense(cache_mask)
+    else:
+      mask = AttentionMask.self_attention(tokens, segment_ids, causal=True, prefix=prefix)
     for i in range(config.num_decoder_layers):
       x = DecoderLayer(config, cross_attention=False, name=f"decoder_{i}")(
           x, None, mask, None, train, decode=decode

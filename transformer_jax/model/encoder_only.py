@@ -9,13 +9,13 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
     EncoderLayer,
     dense,
     embed_tokens,
     layer_norm,
-    self_attention_mask,
     vocabulary_logits,
 )
 from transformer_jax.special_tokens import PAD_ID
@@ -57,7 +57,7 @@ class EncoderOnly(nn.Module):
     """int[batch, length] -> float32 logits ([batch, length, vocab] or [batch, classes])."""
     config = self.config
     token_embedding, x = embed_tokens(config, tokens, positions, train)
-    mask = self_attention_mask(tokens, segment_ids, causal=False)
+    mask = AttentionMask.self_attention(tokens, segment_ids, causal=False)
     for i in range(config.num_encoder_layers):
       x = EncoderLayer(config, name=f"encoder_{i}")(x, mask, train)
     if config.norm == "pre":

@@ -17,15 +17,10 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from transformer_jax.model import precision
-from transformer_jax.model.attention import (
-    MultiHeadAttention,
-    causal_mask,
-    combine_masks,
-    padding_mask,
-    segment_mask,
-)
+from transformer_jax.model.attention import MultiHeadAttention
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.positions import PositionalEncoding
 
 Array = jax.Array
@@ -153,6 +148,7 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       d_model=config.d_model,
       dropout_rate=config.attention_dropout_rate,
       implementation=config.attention_impl,
+      block_size=config.attention_block_size,
       dtype=config.compute_dtype,
       matmul_dtype=config.matmul_operand_dtype,
       name=name,
@@ -165,8 +161,8 @@ class EncoderLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, inputs: Array, mask: Array | None, train: bool) -> Array:
-    """[batch, src_len, d_model] -> same; mask: bool[batch, 1, src_len, src_len]."""
+  def __call__(self, inputs: Array, mask: AttentionMask | None, train: bool) -> Array:
+    """[batch, src_len, d_model] -> same."""
     self_attention = multi_head_attention(self.config, "self_attention")
     feed_forward = FeedForward(self.config, name="feed_forward")
     x = SublayerConnection(self.config, name="self_attention_block")(
@@ -191,8 +187,8 @@ class DecoderLayer(nn.Module):
       self,
       inputs: Array,
       encoded: Array | None,
-      self_mask: Array | None,
-      cross_mask: Array | None,
+      self_mask: AttentionMask | None,
+      cross_mask: AttentionMask | None,
       train: bool,
       decode: bool = False,
   ) -> Array:
@@ -215,34 +211,6 @@ class DecoderLayer(nn.Module):
     return SublayerConnection(config, name="feed_forward_block")(
         x, lambda h: feed_forward(h, train), train
     )
-
-
-def self_attention_mask(
-    tokens: Array, segment_ids: Array | None, causal: bool
-) -> Array:
-  """bool[batch, 1, len, len]: padding, packing segments and (optionally) causality."""
-  return combine_masks(
-      padding_mask(tokens),
-      segment_mask(segment_ids, segment_ids) if segment_ids is not None else None,
-      causal_mask(tokens.shape[-1]) if causal else None,
-  )
-
-
-def prefix_lm_mask(tokens: Array, segment_ids: Array | None, prefix: Array | None) -> Array:
-  """bool[batch, 1, len, len]: causal, except that the `prefix` tokens see each other.
-
-  prefix: bool[batch, len], True on the tokens of the prefix (a prefix-LM's
-  source), which attend to the whole prefix of their segment both ways; every
-  other token attends to the tokens before it. None: plain causal.
-  """
-  visible = causal_mask(tokens.shape[-1])
-  if prefix is not None:
-    visible = visible | (prefix[:, None, :, None] & prefix[:, None, None, :])
-  return combine_masks(
-      padding_mask(tokens),
-      segment_mask(segment_ids, segment_ids) if segment_ids is not None else None,
-      visible,
-  )
 
 
 def embed_tokens(config: ModelConfig, tokens: Array, positions: Array | None,

@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from transformer_jax.model.attention import combine_masks, padding_mask, segment_mask
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.layers import (
     DecoderLayer,
@@ -19,8 +18,8 @@ from transformer_jax.model.layers import (
     embedding,
     layer_norm,
     output_dense,
-    self_attention_mask,
 )
+from transformer_jax.model.masking import AttentionMask
 from transformer_jax.special_tokens import BOS_ID, PAD_ID
 
 Array = jax.Array
@@ -90,7 +89,7 @@ class Transformer(nn.Module):
     if src_positions is None:
       src_positions = default_positions(src_tokens)
     x = self.embed_source(src_tokens, src_positions, train)
-    mask = self_attention_mask(src_tokens, src_segment_ids, causal=False)
+    mask = AttentionMask.self_attention(src_tokens, src_segment_ids, causal=False)
     for layer in self.encoder_layers:
       x = layer(x, mask, train)
     if self.config.norm == "pre":
@@ -118,13 +117,8 @@ class Transformer(nn.Module):
     if target_positions is None:
       target_positions = default_positions(target_input_tokens)
     x = self.embed_target(target_input_tokens, target_positions, train)
-    cross_mask = combine_masks(
-        padding_mask(src_tokens),
-        segment_mask(target_segment_ids, src_segment_ids)
-        if target_segment_ids is not None
-        else None,
-    )
-    self_mask = None if decode else self_attention_mask(
+    cross_mask = AttentionMask.cross_attention(src_tokens, target_segment_ids, src_segment_ids)
+    self_mask = None if decode else AttentionMask.self_attention(
         target_input_tokens, target_segment_ids, causal=True
     )
     for layer in self.decoder_layers:
