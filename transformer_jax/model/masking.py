@@ -127,20 +127,21 @@ class AttentionMask:
     return self.block(0, q_len, 0, k_len)
 
   def padded(self, q_len: int, k_len: int) -> "AttentionMask":
-    """The same mask over q_len >= its queries and k_len >= its keys.
+    """The same mask over at least q_len queries and k_len keys (longer vectors stay).
 
     Added keys are hidden where a field covers keys; the caller hides them
     otherwise (the chunked path compares key indices with the true length).
     """
     def pad(vector: Array | None, length: int, value) -> Array | None:
-      if vector is None or vector.shape[1] == length:
+      if vector is None or vector.shape[1] >= length:
         return vector
       return jnp.pad(vector, ((0, 0), (0, length - vector.shape[1])), constant_values=value)
 
     explicit = self.explicit
     if explicit is not None:
-      widths = [(0, 0), (0, 0), (0, q_len - explicit.shape[2] if explicit.shape[2] > 1 else 0),
-                (0, k_len - explicit.shape[3])]
+      widths = [(0, 0), (0, 0),
+                (0, max(0, q_len - explicit.shape[2]) if explicit.shape[2] > 1 else 0),
+                (0, max(0, k_len - explicit.shape[3]))]
       explicit = jnp.pad(explicit, widths, constant_values=False)
     prefix_len = max(q_len, k_len)
     return self.replace(
