@@ -17,6 +17,9 @@ decode: a decoder-only model (`--layers` x d_model 512, 8 heads) generating one 
 a context of 256 ... 8,192 tokens: with the KV cache (one step over the cache) and without
 it (the whole context recomputed), per implementation.
 
+ratio: chunked against plain, forward plus backward, both compiled in one process and
+called alternately --ratio_rounds times per length: the speed claim's paired ratio.
+
 Rows append to results/attention_scaling/rows.jsonl with the host's CPU model, and a
 rerun skips the points already there, so an interrupted sweep resumes.
 """
@@ -39,7 +42,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "attention", ["attention", "decode", "plot", "point"], "What to run.")
+flags.DEFINE_enum("mode", "attention", ["attention", "decode", "ratio", "plot", "point"],
+                  "What to run.")
+flags.DEFINE_list("ratio_lengths", "256,512,1024,2048,4096,8192",
+                  "Lengths of the ratio mode (where plain fits).")
+flags.DEFINE_integer("ratio_rounds", 7, "Alternating rounds per length in the ratio mode.")
 flags.DEFINE_list("impls", "plain,xla,chunked", "Implementations to measure.")
 flags.DEFINE_list("lengths", ",".join(str(256 << i) for i in range(8)), "Sequence lengths.")
 flags.DEFINE_list("decode_lengths", ",".join(str(256 << i) for i in range(6)),
@@ -122,6 +129,40 @@ def run_attention_point(point: dict) -> dict:
   peak, source = _peak_bytes()
   return dict(row, seconds=seconds, runs=runs, peak_bytes=peak, peak_delta_bytes=peak - before,
               peak_source=source)
+
+
+def run_ratio(cpu: str) -> None:
+  """Paired chunked / plain forward+backward times, one process, alternating calls."""
+  import jax
+  import jax.numpy as jnp
+
+  from transformer_jax.model.attention import dot_product_attention
+
+  out = _rows_path()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  for length in (int(n) for n in FLAGS.ratio_lengths):
+    keys = jax.random.split(jax.random.key(length), 3)
+    query, key, value = (jax.random.normal(k, (1, length, HEADS, DEPTH)) for k in keys)
+    compiled = {}
+    for impl in ("plain", "chunked"):
+      loss = lambda q, k, v, impl=impl: jnp.sum(dot_product_attention(
+          q, k, v, None, impl, block_size=FLAGS.block_size))
+      compiled[impl] = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(query, key, value).compile()
+      jax.block_until_ready(compiled[impl](query, key, value))
+    times = {impl: [] for impl in compiled}
+    for _ in range(FLAGS.ratio_rounds):
+      for impl, fn in compiled.items():
+        start = time.perf_counter()
+        jax.block_until_ready(fn(query, key, value))
+        times[impl].append(time.perf_counter() - start)
+    median = {impl: sorted(t)[len(t) // 2] for impl, t in times.items()}
+    row = dict(mode="ratio", length=length, block=FLAGS.block_size, cpu=cpu,
+               rounds=FLAGS.ratio_rounds, date=time.strftime("%Y-%m-%d"),
+               plain_s=median["plain"], chunked_s=median["chunked"],
+               chunked_over_plain=median["chunked"] / median["plain"])
+    with out.open("a") as f:
+      f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
 
 
 def run_decode_point(point: dict) -> dict:
@@ -241,8 +282,10 @@ def _reference_slopes(axis, lengths: list[int], anchor: float) -> None:
 
 
 def plot(rows: list[dict], out_dir: Path) -> None:
-  """attention.png (time and memory against n) and decode.png, from the rows."""
-  attention_rows = [r for r in rows if r["mode"] == "attention" and "seconds" in r]
+  """attention.png (time and memory against n), decode.png and table.md, from the rows."""
+  (out_dir / "table.md").write_text(table(rows))
+  attention_rows = [r for r in rows if r["mode"] == "attention" and "seconds" in r
+                    and not r["causal"]]
   if attention_rows:
     figure, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
     lengths = sorted({r["length"] for r in attention_rows})
@@ -288,6 +331,60 @@ def plot(rows: list[dict], out_dir: Path) -> None:
     figure.savefig(out_dir / "decode.png", dpi=120)
 
 
+def table(rows: list[dict]) -> str:
+  """Markdown tables of every point: attention (seconds, MiB) and decoding (ms per token)."""
+  def cell(row: dict | None, seconds_key: str, scale: float, digits: int) -> str:
+    if row is None:
+      return ""
+    if "refused" in row:
+      return f"refused: {row['compiled_bytes'] / 2**30:.1f} GiB"
+    if "error" in row:
+      return "failed"
+    return f"{row[seconds_key] * scale:.{digits}f} / {row['peak_delta_bytes'] / 2**20:,.0f}"
+
+  lines = []
+  attention_rows = [r for r in rows if r["mode"] == "attention"]
+  lengths = sorted({r["length"] for r in attention_rows})
+  series = sorted({(r["impl"], r["causal"], r["pass"]) for r in attention_rows},
+                  key=lambda s: (s[2], s[1], ATTENTION_ORDER.index(s[0])))
+  if attention_rows:
+    lines += ["Attention, batch 1, 8 heads, d_k 64: seconds per call / peak MiB above the "
+              "start of the process.", "",
+              "| pass | mask | impl | " + " | ".join(f"n={n:,}" for n in lengths) + " |",
+              "| --- | --- | --- | " + " | ".join("---" for _ in lengths) + " |"]
+    for impl, causal, pass_ in series:
+      by_length = {r["length"]: r for r in attention_rows
+                   if (r["impl"], r["causal"], r["pass"]) == (impl, causal, pass_)}
+      cells = [cell(by_length.get(n), "seconds", 1, 3) for n in lengths]
+      lines.append(f"| {pass_.replace('_', '+')} | {'causal' if causal else 'none'} | {impl} | "
+                   + " | ".join(cells) + " |")
+  decode_rows = [r for r in rows if r["mode"] == "decode"]
+  if decode_rows:
+    lengths = sorted({r["length"] for r in decode_rows})
+    lines += ["", "Decoding one token after n tokens of context: ms per token / peak MiB above "
+              "the start (prefill included).", "",
+              "| impl | context | " + " | ".join(f"n={n:,}" for n in lengths) + " |",
+              "| --- | --- | " + " | ".join("---" for _ in lengths) + " |"]
+    for impl in sorted({r["impl"] for r in decode_rows}, key=ATTENTION_ORDER.index):
+      for cached in (True, False):
+        by_length = {r["length"]: r for r in decode_rows
+                     if r["impl"] == impl and r["cached"] == cached}
+        cells = [cell(by_length.get(n), "seconds_per_token", 1e3, 1) for n in lengths]
+        lines.append(f"| {impl} | {'KV cache' if cached else 'recomputed'} | "
+                     + " | ".join(cells) + " |")
+  ratio_rows = [r for r in rows if r["mode"] == "ratio"]
+  if ratio_rows:
+    lines += ["", "Forward+backward, chunked against plain in one process, alternating calls "
+              "(median of each):", "",
+              "| n | plain s | chunked s | chunked / plain |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['length']:,} | {r['plain_s']:.4f} | {r['chunked_s']:.4f} | "
+              f"{r['chunked_over_plain']:.2f} |" for r in sorted(ratio_rows, key=lambda r: r["length"])]
+  return "\n".join(lines) + "\n"
+
+
+ATTENTION_ORDER = ["plain", "xla", "chunked", "pallas", "cudnn"]
+
+
 def _series(rows: list[dict], fields: tuple[str, str]) -> list[tuple[tuple, str]]:
   """Each (field values) pair with a line style: colour per first field, dash per second."""
   names = sorted({tuple(r[f] for f in fields) for r in rows}, key=str)
@@ -307,7 +404,9 @@ def main(argv):
     plot(_done_points(), Path(FLAGS.out_dir))
     return
   cpu = cpu_model()
-  if FLAGS.mode == "attention":
+  if FLAGS.mode == "ratio":
+    run_ratio(cpu)
+  elif FLAGS.mode == "attention":
     points = [dict(mode="attention", impl=impl, pass_=pass_, length=int(length),
                    causal=FLAGS.causal, block=FLAGS.block_size, cpu=cpu)
               for impl in FLAGS.impls for pass_ in ("forward", "forward_backward")
