@@ -335,3 +335,18 @@ def test_prefix_lm_with_chunked_attention_prefills_and_steps_as_plain(tiny_model
 
   for got, want in zip(prefill_and_steps(chunked), prefill_and_steps(plain)):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_running_out_of_memory_is_one_line_that_names_chunked_attention(capsys):
+  from transformer_jax.errors import exit_on_user_error
+
+  @exit_on_user_error
+  def step():
+    raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Out of memory allocating 43445526528 bytes.")
+
+  with pytest.raises(SystemExit) as exit_info:
+    step()
+  assert exit_info.value.code == 2
+  error = capsys.readouterr().err
+  assert error.count("\n") == 1 and "40.5 GiB" in error and "attention_impl='chunked'" in error
