@@ -265,9 +265,13 @@ def test_cudnn_refuses_float32_operands_naming_the_fix(monkeypatch):
     attention.check_cudnn(jnp.bfloat16)
 
 
-def test_attention_dropout_is_refused_at_config_time_where_a_path_has_none(tiny_model_config):
-  tiny_model_config.update(attention_impl="xla", attention_dropout_rate=0.1)
-  with pytest.raises(UserError, match="has no attention dropout"):
+@pytest.mark.parametrize("overrides,message", [
+    (dict(attention_impl="xla", attention_dropout_rate=0.1), "has no attention dropout"),
+    (dict(attention_impl="cudnn"), "set config.model.matmul_dtype='bfloat16'"),
+])
+def test_config_refuses_what_a_path_cannot_do(tiny_model_config, overrides, message):
+  tiny_model_config.update(overrides)
+  with pytest.raises(UserError, match=message):
     Transformer(tiny_model_config)
 
 

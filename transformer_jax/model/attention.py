@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.chunked_attention import (
     DEFAULT_BLOCK,
@@ -84,18 +85,18 @@ def masked_softmax(logits: Array, mask: Array | None) -> Array:
 
 
 def check_cudnn(operand_dtype: Any) -> None:
-  """Raises a one-line ValueError where cuDNN's flash attention cannot run."""
+  """Raises a one-line UserError where cuDNN's flash attention cannot run."""
   backend = jax.default_backend()
   if backend != "gpu":
-    raise ValueError(f"attention_impl='cudnn' needs an NVIDIA GPU (this backend: {backend}); "
+    raise UserError(f"attention_impl='cudnn' needs an NVIDIA GPU (this backend: {backend}); "
                      "use attention_impl='chunked' or 'plain'")
   capability = float(getattr(jax.devices()[0], "compute_capability", "0") or 0)
   if capability < CUDNN_MIN_COMPUTE_CAPABILITY:
-    raise ValueError(f"attention_impl='cudnn' needs a GPU of compute capability >= "
+    raise UserError(f"attention_impl='cudnn' needs a GPU of compute capability >= "
                      f"{CUDNN_MIN_COMPUTE_CAPABILITY} (this one: {capability}); use "
                      "attention_impl='pallas' or 'chunked'")
   if jnp.dtype(operand_dtype) not in (jnp.bfloat16, jnp.float16):
-    raise ValueError(f"attention_impl='cudnn' takes bfloat16 or float16 operands, not "
+    raise UserError(f"attention_impl='cudnn' takes bfloat16 or float16 operands, not "
                      f"{jnp.dtype(operand_dtype).name}; set config.model.matmul_dtype='bfloat16' "
                      "or use attention_impl='chunked'")
 
@@ -132,7 +133,7 @@ def dot_product_attention(
   """
   q_len, k_len = query.shape[1], key.shape[1]
   if dropout_rate > 0.0 and implementation not in WITH_ATTENTION_DROPOUT:
-    raise ValueError(f"attention_impl={implementation!r} has no attention dropout; use one of "
+    raise UserError(f"attention_impl={implementation!r} has no attention dropout; use one of "
                      f"{', '.join(WITH_ATTENTION_DROPOUT)} or attention_dropout_rate=0")
   if implementation == "plain":
     weights = dot_product_attention_weights(query, key, _dense(mask, q_len, k_len), matmul_dtype)

@@ -102,6 +102,11 @@ class ModelConfig:
           f"config.model.attention_impl={self.attention_impl!r} has no attention dropout; use "
           f"attention_impl={' or '.join(map(repr, WITH_ATTENTION_DROPOUT))} or "
           "attention_dropout_rate=0")
+    if self.attention_impl == "cudnn" and resolved["matmul_dtype"] != "bfloat16":
+      raise UserError(
+          f"config.model.attention_impl='cudnn' takes bfloat16 operands, not "
+          f"{resolved['matmul_dtype']}; set config.model.matmul_dtype='bfloat16' or use "
+          "attention_impl='chunked'")
     for key, value in resolved.items():
       object.__setattr__(self, key, value)
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_attention
 
+from transformer_jax.errors import UserError
 from transformer_jax.model.masking import AttentionMask
 
 Array = jax.Array
@@ -34,18 +35,18 @@ _ADDED_QUERY = -2        # Segment id of queries added to fill a block (the TPU 
 
 
 def check_supported(platform: str, depth: int, same_length: bool, mask: AttentionMask | None) -> None:
-  """Raises a one-line ValueError if the kernel cannot run this attention."""
+  """Raises a one-line UserError if the kernel cannot run this attention."""
   if platform not in PLATFORMS:
-    raise ValueError(f"attention_impl='pallas' runs on {' and '.join(PLATFORMS)}, not on "
+    raise UserError(f"attention_impl='pallas' runs on {' and '.join(PLATFORMS)}, not on "
                      f"{platform}; use attention_impl='chunked' (any backend) or 'plain'")
   if mask is not None and (mask.prefix is not None or mask.explicit is not None):
-    raise ValueError("attention_impl='pallas' takes padding, packing and causal masks only, "
+    raise UserError("attention_impl='pallas' takes padding, packing and causal masks only, "
                      "not a prefix LM's or the decoding cache's; use attention_impl='chunked'")
   if platform == "gpu" and not same_length:
-    raise ValueError("attention_impl='pallas' on a GPU runs self-attention only (the kernel "
+    raise UserError("attention_impl='pallas' on a GPU runs self-attention only (the kernel "
                      "reads one segment-id vector); use attention_impl='cudnn' or 'chunked'")
   if depth > MAX_HEAD_DEPTH:
-    raise ValueError(f"attention_impl='pallas' takes heads of depth <= {MAX_HEAD_DEPTH}, not "
+    raise UserError(f"attention_impl='pallas' takes heads of depth <= {MAX_HEAD_DEPTH}, not "
                      f"{depth}; use more heads or attention_impl='chunked'")
 
 
