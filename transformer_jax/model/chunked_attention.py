@@ -88,7 +88,7 @@ def chunked_attention_heads_first(
     raise ValueError("attention dropout needs a dropout key")
   q_len, k_len = query.shape[2], key.shape[2]
   block_q, block_k = min(block_size, q_len), min(block_size, k_len)
-  padded_q, padded_k = _round_up(q_len, block_q), _round_up(k_len, block_k)
+  padded_q, padded_k = round_up(q_len, block_q), round_up(k_len, block_k)
   static = _Static(block_q, block_k, k_len, query.shape[-1] ** -0.5,
                    jnp.dtype(matmul_dtype or query.dtype), float(dropout_rate))
   mask = (mask or AttentionMask()).padded(padded_q, padded_k)
@@ -123,7 +123,8 @@ def _one_block(static: _Static, query: Array, key: Array, value: Array, mask: At
   return _product(static, "bhqk,bhkd->bhqd", weights, value)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+  """The smallest multiple of `multiple` that is >= n."""
   return -(-n // multiple) * multiple
 
 

@@ -21,6 +21,7 @@ from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_attention
 
 from transformer_jax.errors import UserError
+from transformer_jax.model.chunked_attention import round_up
 from transformer_jax.model.masking import AttentionMask
 
 Array = jax.Array
@@ -64,10 +65,6 @@ def _segment_ids(mask: AttentionMask | None, batch: int, q_len: int, k_len: int
   return query_ids, key_ids
 
 
-def _round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
-
-
 def _pad_length(x: Array, length: int, axis: int, value=0) -> Array:
   widths = [(0, 0)] * x.ndim
   widths[axis] = (0, length - x.shape[axis])
@@ -105,8 +102,8 @@ def pallas_attention(
   query, key, value = (_pad_length(x, depth, axis=3) for x in (query, key, value))
   scale = float(d_k) ** -0.5
   if platform == "gpu":
-    block = min(GPU_BLOCK, _round_up(q_len, MIN_BLOCK))
-    length = _round_up(q_len, block)
+    block = min(GPU_BLOCK, round_up(q_len, MIN_BLOCK))
+    length = round_up(q_len, block)
     # One id vector: a query's id must equal its own key's. Added positions
     # get the hidden id: they see only each other and are cut.
     segment_ids = jnp.where(query_ids == key_ids, query_ids, _HIDDEN_KEY)
@@ -118,7 +115,7 @@ def pallas_attention(
                                  block_sizes=sizes, interpret=interpret)
   else:
     # The kernel's key blocks fill whole 128-lane vregs: lengths round up to them.
-    q_padded, k_padded = _round_up(q_len, TPU_BLOCK), _round_up(k_len, TPU_BLOCK)
+    q_padded, k_padded = round_up(q_len, TPU_BLOCK), round_up(k_len, TPU_BLOCK)
     block_q = block_k = TPU_BLOCK
     segment_ids = tpu_attention.SegmentIds(
         q=_pad_length(query_ids, q_padded, axis=1, value=_ADDED_QUERY),
