@@ -284,7 +284,7 @@ class MultiHeadAttention(nn.Module):
       use_dropout = self.dropout_rate > 0.0 and train
       if self.implementation == "plain":
         weights = dot_product_attention_weights(
-            query, key, None if mask is None else mask.dense(query.shape[1], key.shape[1]),
+            query, key, _dense(mask, query.shape[1], key.shape[1]),
             self.matmul_dtype)
         # Kept for attention heat-maps: apply(..., mutable=["intermediates"]).
         self.sow("intermediates", "attention_weights", weights)
@@ -338,7 +338,7 @@ class MultiHeadAttention(nn.Module):
       key = self.get_variable("cache", "cross_key")
       value = self.get_variable("cache", "cross_value")
       (query,) = self._project(inputs_q, (("query", self.d_k),))
-      mask = None if mask is None else mask.dense(inputs_q.shape[1], key.shape[2])
+      mask = _dense(mask, inputs_q.shape[1], key.shape[2])
     else:
       if mask is not None and not mask.is_explicit_only:
         raise ValueError("a decoding step's self-attention mask names cache slots: "
