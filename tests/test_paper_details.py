@@ -13,10 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from flax import traverse_util
 
 from transformer_jax.configs import default_config
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.layers import SublayerConnection
+from transformer_jax.model.positions import sinusoidal_encoding
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.schedules import make_optimizer, make_schedule
 
@@ -142,3 +144,22 @@ def test_learning_rate_follows_section_5_3_for_d_model_512(step, rate):
   assert config.schedule == "paper" and config.warmup_steps == 4000
   # optax counts updates already applied: update number `step` sees count step - 1.
   assert float(make_schedule(config)(step - 1)) == pytest.approx(rate, rel=1e-6)
+
+
+def test_the_papers_options_hold_by_default_and_marians_are_options():
+  """ReLU (§3.3), sin/cos interleaved (§3.5), no biases on attention or logits by default."""
+  model = Transformer(dict(vocab_size=32, d_model=16, d_ff=32, num_heads=2, num_layers=1))
+  tokens = jnp.ones((1, 3), jnp.int32)
+  params = model.init(jax.random.key(0), tokens, tokens)["params"]
+  names = ["/".join(path) for path in traverse_util.flatten_dict(nn.unbox(params))]
+  assert not [n for n in names if "attention/" in n and n.endswith("_bias")], names
+  assert not [n for n in names if n.startswith("logits_bias")], names
+  config = ModelConfig()
+  assert (config.activation, config.sinusoid_layout) == ("relu", "interleaved")
+  encoding = np.asarray(sinusoidal_encoding(jnp.arange(3), 8))
+  angles = np.arange(3)[:, None] / 10000.0 ** (np.arange(0, 8, 2) / 8)
+  np.testing.assert_allclose(encoding[:, 0::2], np.sin(angles), atol=1e-6)
+  np.testing.assert_allclose(encoding[:, 1::2], np.cos(angles), atol=1e-6)
+  concatenated = np.asarray(sinusoidal_encoding(jnp.arange(3), 8, "concatenated"))
+  np.testing.assert_allclose(concatenated, np.concatenate([np.sin(angles), np.cos(angles)], 1),
+                             atol=1e-6)

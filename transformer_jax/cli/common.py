@@ -24,6 +24,7 @@ from ml_collections import config_flags
 
 from transformer_jax.configs import all_keys, default_config
 from transformer_jax.data.text_files import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
+from transformer_jax.decode import search
 from transformer_jax.decode.translator import DecodeOptions
 from transformer_jax.errors import UserError
 
@@ -154,6 +155,9 @@ def define_decode_flags() -> None:
   flags.DEFINE_integer("max_extra_len", 50, "Output may be this many tokens longer than the input.")
   flags.DEFINE_integer("min_length", 1, "Tokens before EOS may end an output (1: never empty; "
                        "0: as the model says).")
+  flags.DEFINE_enum("beam_finish", "t2t", list(search.FINISH_RULES),
+                    "Which beam hypotheses finish: t2t (the paper's code) or fairseq (also "
+                    "Hugging Face generate; search.beam_search).")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
   flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0: all).")
   flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "
@@ -169,6 +173,7 @@ def decode_options() -> DecodeOptions:
       method=FLAGS.method, beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
       max_extra_len=FLAGS.max_extra_len, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
       growing_cache=FLAGS.growing_cache, min_length=FLAGS.min_length,
+      finish_rule=FLAGS.beam_finish,
   )
 
 

@@ -69,6 +69,10 @@ def _while_in_phases(cond_fn, body_fn, state, max_decode_len: int,
   return state
 
 
+# Which hypotheses beam search counts as finished (`beam_search`'s `finish_rule`).
+FINISH_RULES = ("t2t", "fairseq")
+
+
 def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
   """GNMT length penalty lp = ((5 + length) / 6) ** alpha (paper §6.1).
 
@@ -195,7 +199,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 ignore_eos: bool = False,
                 early_stopping: bool = True,
                 cache_lengths: Sequence[int] = (),
-                grow_cache: GrowCache | None = None) -> tuple[jax.Array, jax.Array]:
+                grow_cache: GrowCache | None = None,
+                finish_rule: str = "t2t") -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty (paper §6.1), best first.
 
   Each step extends the alive beams, keeps the 2*beam best candidates, moves
@@ -222,6 +227,13 @@ def beam_search(tokens_to_logits: TokensToLogits,
       which is exact because log-probabilities only fall and lp grows with
       length (alpha >= 0). Results equal those with `early_stopping=False`.
     cache_lengths, grow_cache: a growing cache (module docstring).
+    finish_rule: "t2t" (tensor2tensor, the paper's code): every one of the
+      2*beam candidates that ends in EOS is finished, and hypotheses cut at
+      the maximum length are returned only if nothing finished. "fairseq"
+      (fairseq, Hugging Face generate): only EOS candidates among the `beam`
+      best are finished, and hypotheses cut at the maximum length compete
+      with the finished ones. They differ only where a hypothesis ranked
+      below the beam ends, or the length limit cuts one that would win.
 
   Returns:
     sequences: int32[batch, beam, max_decode_len], tokens after EOS are PAD.
@@ -231,6 +243,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
       score -inf and an all-PAD sequence.
   """
   _validate(max_decode_len, beam_size=beam_size, alpha=alpha)
+  if finish_rule not in FINISH_RULES:
+    raise UserError(f"finish_rule={finish_rule!r} is not one of {', '.join(FINISH_RULES)}")
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
   rows = batch_size * beam_size
 
@@ -283,6 +297,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
       ends = jnp.zeros_like(valid)
     else:
       ends = top_token == eos_id
+    finishes = ends & valid
+    if finish_rule == "fairseq":  # An EOS ranked below the beam is dropped, not finished.
+      finishes &= jnp.arange(num_candidates) < beam_size
 
     # Alive: the best `beam` candidates that did not end.
     alive_logprobs, alive_index = jax.lax.top_k(
@@ -297,7 +314,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
     # Finished: merge the old set with this step's EOS candidates. Old ones
     # come first, so ties keep the earlier hypothesis.
-    new_scores = jnp.where(ends & valid,
+    new_scores = jnp.where(finishes,
                            top_logprobs / length_penalty(t + 1, alpha),
                            neg_inf)
     finished_scores, finished_index = jax.lax.top_k(
@@ -330,6 +347,13 @@ def beam_search(tokens_to_logits: TokensToLogits,
   any_finished = state.finished_scores[:, 0] > neg_inf  # [batch]
   alive_scores = state.alive_logprobs / length_penalty(
       max_lengths, alpha)[:, None]
+  if finish_rule == "fairseq":  # The beams cut at the length limit compete too.
+    # (An alive beam of a sentence stopped early scores below all its finished ones.)
+    scores, index = jax.lax.top_k(
+        jnp.concatenate([state.finished_scores, alive_scores], axis=1), beam_size)
+    sequences = jnp.take_along_axis(
+        jnp.concatenate([state.finished_seqs, state.alive_seqs], axis=1), index[:, :, None], 1)
+    return jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID), scores
   sequences = jnp.where(any_finished[:, None, None], state.finished_seqs,
                         state.alive_seqs)
   scores = jnp.where(any_finished[:, None], state.finished_scores,

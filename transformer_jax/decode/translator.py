@@ -51,6 +51,7 @@ class DecodeOptions:
   # empty translation, which no training target is; a weak model's beam search otherwise
   # finds one, as an EOS at step 0 pays no length penalty (fairseq's min_len does the same).
   min_length: int = 1
+  finish_rule: str = "t2t"  # Beam search: which hypotheses finish (search.beam_search).
 
   @classmethod
   def from_config(cls, config: Any) -> "DecodeOptions":
@@ -74,6 +75,14 @@ class DecodeOptions:
       raise UserError(f"max_extra_len={self.max_extra_len} must be >= 0")
     if self.min_length < 0:
       raise UserError(f"--min_length={self.min_length} must be >= 0")
+    if self.finish_rule not in search.FINISH_RULES:
+      raise UserError(f"--beam_finish={self.finish_rule!r} is not one of "
+                      f"{', '.join(search.FINISH_RULES)}")
+    if self.temperature <= 0:
+      raise UserError(f"--temperature={self.temperature} must be > 0 (1: the model's own "
+                      "distribution; greedy search is the limit of 0)")
+    if self.top_k < 0:
+      raise UserError(f"--top_k={self.top_k} must be >= 0 (0: sample from every token)")
 
 
 def decode_batch(
@@ -105,6 +114,7 @@ def decode_batch(
     beam_cache, sentence_cache = split_cache(cache)
     beam_step = step_logits(model, params, src_tokens, sentence_cache)
     step, grow = step_logits(model, params, src_tokens), grow_cache
+  step, beam_step = never_pad_or_bos(step), never_pad_or_bos(beam_step)
   if options.min_length > 0 and not options.ignore_eos:
     step, beam_step = (no_eos_before(fn, options.min_length) for fn in (step, beam_step))
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
@@ -115,7 +125,8 @@ def decode_batch(
                 grow_cache=grow)  # No cache_lengths: one loop, grow_cache unused.
   if options.method == "beam":
     sequences, _ = search.beam_search(
-        beam_step, beam_cache, batch_size, options.beam_size, options.alpha, **common
+        beam_step, beam_cache, batch_size, options.beam_size, options.alpha,
+        finish_rule=options.finish_rule, **common
     )
     return sequences[:, 0]
   if options.method == "greedy":
@@ -124,6 +135,20 @@ def decode_batch(
       step, cache, rng if rng is not None else jax.random.key(0), batch_size,
       temperature=options.temperature, top_k=options.top_k, **common,
   )
+
+
+def never_pad_or_bos(tokens_to_logits: search.TokensToLogits) -> search.TokensToLogits:
+  """The step function with PAD and BOS impossible: no output continues with them.
+
+  A model trained here learns this; an imported one (Marian bans its decoder
+  start token, which becomes BOS here) is told.
+  """
+
+  def step(tokens, cache, t):
+    logits, cache = tokens_to_logits(tokens, cache, t)
+    return logits.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf), cache
+
+  return step
 
 
 def no_eos_before(tokens_to_logits: search.TokensToLogits, min_length: int

@@ -187,6 +187,8 @@ class MultiHeadAttention(nn.Module):
     dtype: compute dtype; parameters are float32.
     matmul_dtype: operand dtype of every matmul (`precision.einsum`); None:
       `dtype`.
+    use_bias: biases on the four projections (the paper has none; Marian has
+      them): "query_bias" etc. [heads, depth], "out_bias" [d_model].
   """
 
   num_heads: int
@@ -198,6 +200,7 @@ class MultiHeadAttention(nn.Module):
   block_size: int = DEFAULT_BLOCK
   dtype: jnp.dtype = jnp.float32
   matmul_dtype: Any = None
+  use_bias: bool = False
 
   @property
   def _operand_dtype(self) -> Any:
@@ -215,6 +218,10 @@ class MultiHeadAttention(nn.Module):
     )
     kernel = self.param(name, nn.with_logical_partitioning(init, axes), shape)
     return jnp.asarray(kernel, self.dtype)
+
+  def _bias(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...]) -> Array:
+    bias = self.param(name, nn.with_logical_partitioning(nn.initializers.zeros, axes), shape)
+    return jnp.asarray(bias, self.dtype)
 
   def _input_kernel(self, name: str, depth: int) -> Array:
     """[d_model, heads, depth], stored per head (the logical axes shard heads)."""
@@ -235,6 +242,10 @@ class MultiHeadAttention(nn.Module):
     projected = self._matmul(
         "md,dn->mn", inputs.astype(self.dtype).reshape(batch * length, self.d_model), fused
     )
+    if self.use_bias:
+      projected = projected + jnp.concatenate([
+          self._bias(f"{name}_bias", (self.num_heads, depth), ("heads", "kv")).reshape(-1)
+          for name, depth in names_and_depths])
     splits = list(np.cumsum(widths)[:-1])
     return [
         part.reshape(batch, length, self.num_heads, depth)
@@ -306,6 +317,8 @@ class MultiHeadAttention(nn.Module):
     output = self._matmul(
         "mk,kn->mn", flat, output_kernel.reshape(self.num_heads * self.d_v, self.d_model)
     )
+    if self.use_bias:
+      output = output + self._bias("out_bias", (self.d_model,), ("embed",))
     return output.reshape(batch, length, self.d_model)
 
   def _decode_attention(

@@ -17,12 +17,15 @@ import ml_collections
 
 from transformer_jax.errors import UserError
 from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS, WITH_ATTENTION_DROPOUT
-from transformer_jax.model.positions import POSITION_KINDS
+from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS
 
 NORM_PLACEMENTS = ("post", "pre")
+ACTIVATIONS = ("relu", "gelu", "swish")  # swish = SiLU, x·sigmoid(x); gelu: the exact (erf) one.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _CHOICES = {
     "positions": POSITION_KINDS,
+    "sinusoid_layout": SINUSOID_LAYOUTS,
+    "activation": ACTIVATIONS,
     "norm": NORM_PLACEMENTS,
     "attention_impl": ATTENTION_IMPLEMENTATIONS,
     "dtype": tuple(DTYPES),
@@ -54,6 +57,11 @@ class ModelConfig:
   attention_dropout_rate: float = 0.0
   relu_dropout_rate: float = 0.0
   positions: str = "sinusoidal"   # "sinusoidal" | "learned" | "none".
+  sinusoid_layout: str = "interleaved"  # sin/cos in even/odd channels (§3.5); "concatenated":
+                                        # all sines, then all cosines (Marian, fairseq).
+  activation: str = "relu"        # Of the feed-forward network (§3.3); Marian: "swish".
+  attention_bias: bool = False    # Biases on the attention projections (Marian has them).
+  logits_bias: bool = False       # A bias on the output logits (Marian's final_logits_bias).
   max_len: int = 512              # Learned positions only; sinusoids have no limit.
   norm: str = "post"              # "post" (the paper) | "pre".
   layer_norm_epsilon: float = 1e-6
@@ -133,7 +141,7 @@ class ModelConfig:
                 "layer_norm_epsilon"):
       if key in values and isinstance(values[key], int) and not isinstance(values[key], bool):
         values[key] = float(values[key])
-    for key in ("share_embeddings", "tie_output"):
+    for key in ("share_embeddings", "tie_output", "attention_bias", "logits_bias"):
       if key in values:
         values[key] = bool(values[key])
     return cls(**values)

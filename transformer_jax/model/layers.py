@@ -87,14 +87,21 @@ class EmbedTokens(nn.Module):
     config = self.config
     embedded = self.embedding(tokens) * jnp.sqrt(config.d_model).astype(config.compute_dtype)
     embedded = PositionalEncoding(
-        config.positions, config.d_model, config.max_len, name="positions"
-    )(embedded, positions)
+        config.positions, config.d_model, config.max_len, config.sinusoid_layout,
+        name="positions")(embedded, positions)
     embedded = Dropout(config.dropout_rate)(embedded, deterministic=not train)
     return nn.with_logical_constraint(embedded, ACTIVATION)
 
 
+ACTIVATION_FUNCTIONS = {
+    "relu": nn.relu,
+    "gelu": functools.partial(nn.gelu, approximate=False),
+    "swish": nn.swish,
+}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2  (§3.3)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2  (§3.3); max(0, ·) is `config.activation`."""
 
   config: ModelConfig
 
@@ -103,7 +110,7 @@ class FeedForward(nn.Module):
     """[batch, length, d_model] -> [batch, length, d_model]."""
     config = self.config
     hidden = dense(config, config.d_ff, ("embed", "mlp"), "wi")(inputs)
-    hidden = nn.relu(hidden)
+    hidden = ACTIVATION_FUNCTIONS[config.activation](hidden)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     hidden = Dropout(config.relu_dropout_rate)(hidden, deterministic=not train)
     return dense(config, config.d_model, ("mlp", "embed"), "wo")(hidden)
@@ -151,6 +158,7 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       block_size=config.attention_block_size,
       dtype=config.compute_dtype,
       matmul_dtype=config.matmul_operand_dtype,
+      use_bias=config.attention_bias,
       name=name,
   )
 
@@ -227,9 +235,27 @@ def embed_tokens(config: ModelConfig, tokens: Array, positions: Array | None,
 
 
 def vocabulary_logits(config: ModelConfig, token_embedding: nn.Embed, x: Array) -> Array:
-  """float32[batch, len, vocab]: the tied embedding's transpose, or a separate projection."""
+  """float32[batch, len, vocab]: the tied embedding's transpose, or a separate projection.
+
+  Call from a compact method: the projection and the bias land in its scope.
+  """
   logits = attend(token_embedding, x, config) if config.tie_output else output_dense(config)(x)
-  return logits.astype(jnp.float32)
+  return LogitsBias(config, name="logits_bias")(logits)
+
+
+class LogitsBias(nn.Module):
+  """float32 logits [..., vocab] + a learned bias where `config.logits_bias` (Marian's)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, logits: Array) -> Array:
+    logits = logits.astype(jnp.float32)
+    if not self.config.logits_bias:
+      return logits
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                      (self.config.vocab_size,))
+    return logits + bias
 
 
 def output_dense(config: ModelConfig) -> nn.Dense:

@@ -10,21 +10,26 @@ from flax import linen as nn
 Array = jax.Array
 
 POSITION_KINDS = ("sinusoidal", "learned", "none")
+SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
-def sinusoidal_encoding(positions: Array, d_model: int) -> Array:
+def sinusoidal_encoding(positions: Array, d_model: int, layout: str = "interleaved") -> Array:
   """PE(pos, 2i) = sin(pos/10000^(2i/d)), PE(pos, 2i+1) = cos(pos/10000^(2i/d)).
 
   Args:
     positions: int[..., length], the absolute position of each token.
     d_model: encoding width (even).
+    layout: "interleaved" (the paper's formula above) or "concatenated": the
+      same sines in channels [0, d/2) and cosines in [d/2, d) (Marian, fairseq).
 
   Returns:
-    float32[..., length, d_model], sines in even and cosines in odd channels.
+    float32[..., length, d_model].
   """
   two_i = np.arange(0, d_model, 2, dtype=np.float32)
   inverse_frequency = jnp.asarray(1.0 / (10000.0 ** (two_i / d_model)))
   angles = positions.astype(jnp.float32)[..., None] * inverse_frequency
+  if layout == "concatenated":
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   encoding = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
   return encoding.reshape(*angles.shape[:-1], d_model)
 
@@ -36,11 +41,13 @@ class PositionalEncoding(nn.Module):
     kind: "sinusoidal" (the paper), "learned" or "none".
     d_model: embedding width.
     max_len: number of learned positions (only for "learned").
+    sinusoid_layout: see `sinusoidal_encoding`.
   """
 
   kind: str
   d_model: int
   max_len: int
+  sinusoid_layout: str = "interleaved"
 
   @nn.compact
   def __call__(self, embeddings: Array, positions: Array) -> Array:
@@ -48,7 +55,7 @@ class PositionalEncoding(nn.Module):
     if self.kind == "none":
       return embeddings
     if self.kind == "sinusoidal":
-      encoding = sinusoidal_encoding(positions, self.d_model)
+      encoding = sinusoidal_encoding(positions, self.d_model, self.sinusoid_layout)
     else:
       if positions.shape[-1] > self.max_len:  # jnp.take would fill the rows past it with NaN.
         raise ValueError(f"{positions.shape[-1]} positions exceed the {self.max_len} learned "

@@ -13,6 +13,7 @@ from transformer_jax.model.layers import (
     DecoderLayer,
     EmbedTokens,
     EncoderLayer,
+    LogitsBias,
     attend,
     default_positions,
     embedding,
@@ -77,6 +78,7 @@ class Transformer(nn.Module):
       self.decoder_norm = layer_norm(config, "decoder_norm")
     if not config.tie_output:
       self.output_projection = output_dense(config)
+    self.logits_bias = LogitsBias(config)
 
   def encode(
       self,
@@ -133,7 +135,7 @@ class Transformer(nn.Module):
     else:
       logits = self.output_projection(x)
     logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
-    return logits.astype(jnp.float32)
+    return self.logits_bias(logits)
 
   def __call__(
       self,

@@ -29,7 +29,7 @@ from transformer_jax.errors import UserError
 _SHAPE_KEYS = (
     "vocab_size", "source_vocab_size", "share_embeddings", "tie_output",
     "num_encoder_layers", "num_decoder_layers", "d_model", "d_ff", "num_heads", "d_k",
-    "d_v", "positions", "max_len", "norm",
+    "d_v", "positions", "max_len", "norm", "attention_bias", "logits_bias",
 )
 
 
