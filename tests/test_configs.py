@@ -48,6 +48,10 @@ def test_config_loads_validates_and_documents_its_command(path):
   assert "python -m transformer_jax.train" in (module.__doc__ or ""), (
       f"{path.name}'s docstring must give the command that runs it")
   assert f"--config=experiments/configs/{path.name}" in module.__doc__, path.name
+  if hasattr(module, "REQUIRES_ARGUMENT"):  # Validated where its argument is made.
+    with pytest.raises(UserError, match="RUN_DIR"):
+      module.get_config()
+    return
   validate_config(module.get_config())
 
 

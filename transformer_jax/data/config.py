@@ -60,6 +60,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   # default (DEFAULT_VOCAB_SIZES).
   c.vocab_size = config_dict.placeholder(int)
   c.tokenizer_type = "bpe"  # 'bpe' or 'unigram'.
+  # A SentencePiece .model to use instead of training one (vocab_size and tokenizer_type are
+  # then unused), e.g. an imported model's RUN_DIR/tokenizer.model, to fine-tune it.
+  c.tokenizer_path = config_dict.placeholder(str)
   # Training pairs only: BPE-dropout (Provilkov et al., 2020), each merge skipped with
   # this probability, both sides segmented anew every epoch; 0: off. A BPE tokenizer only.
   c.bpe_dropout = 0.0

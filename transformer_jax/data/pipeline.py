@@ -159,9 +159,12 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
     yield from src
     yield from tgt
 
-  tok = tokenizer_lib.cached_tokenizer(
-      root / "tokenizers", prepared.key, cfg.vocab_size, cfg.tokenizer_type,
-      training_text)
+  if cfg.tokenizer_path:
+    tok = tokenizer_lib.load_tokenizer(cfg.tokenizer_path)
+  else:
+    tok = tokenizer_lib.cached_tokenizer(
+        root / "tokenizers", prepared.key, cfg.vocab_size, cfg.tokenizer_type,
+        training_text)
   splits = {name: tokenized.tokenize_split(root / "tokenized", prepared, tok, name, read)
             for name in dict.fromkeys(names[1:]) if name is not None}
   train, train_lines, filtered = tokenized.filter_train(
