@@ -9,6 +9,7 @@ from flax import traverse_util
 from transformer_jax.decode import cache as kv_cache
 from transformer_jax.model import precision
 from transformer_jax.errors import UserError
+from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.transformer import Transformer, shift_right
 from transformer_jax.special_tokens import EOS_ID
 
@@ -182,3 +183,28 @@ def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config):
 def test_unknown_matmul_dtype_is_a_one_line_error(tiny_model_config):
   with pytest.raises(UserError, match="config.model.matmul_dtype='float16'"):
     _model(tiny_model_config, "float16").init(jax.random.key(0), SRC, SRC)
+
+
+@pytest.mark.parametrize("backend, flags, capability, native", [
+    ("cpu", {"avx2", "avx512f", "avx512_bf16"}, "", True),   # AMD Zen 4/5, Intel Cooper Lake.
+    ("cpu", {"avx2", "amx_bf16", "amx_tile"}, "", True),     # Intel Sapphire Rapids.
+    ("cpu", {"avx2", "fma"}, "", False),                      # AVX2 only: float32 is faster.
+    ("cpu", set(), "", False),                                # No /proc/cpuinfo.
+    ("tpu", set(), "", True),
+    ("gpu", set(), "8.0", True),
+    ("gpu", set(), "7.5", False),
+])
+def test_auto_matmul_dtype_takes_bfloat16_only_where_it_is_native(
+    monkeypatch, backend, flags, capability, native):
+  chosen, reason = precision.native_bfloat16(backend, frozenset(flags), capability)
+  assert chosen == native and reason, (backend, flags, reason)
+  monkeypatch.setattr(precision, "native_bfloat16_here", lambda: (native, reason))
+  config = ModelConfig(matmul_dtype="auto")
+  assert config.matmul_dtype == ("bfloat16" if native else "float32"), reason
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
+  assert precision.cpu_flags(str(cpuinfo)) == {"fpu", "avx2", "avx512_bf16"}
+  assert precision.cpu_flags(str(tmp_path / "absent")) == frozenset()

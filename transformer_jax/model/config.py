@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from transformer_jax.errors import UserError
+from transformer_jax.model import precision
 from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS, WITH_ATTENTION_DROPOUT
 from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS
 
@@ -29,7 +30,7 @@ _CHOICES = {
     "norm": NORM_PLACEMENTS,
     "attention_impl": ATTENTION_IMPLEMENTATIONS,
     "dtype": tuple(DTYPES),
-    "matmul_dtype": ("",) + tuple(DTYPES),
+    "matmul_dtype": ("", "auto") + tuple(DTYPES),
 }
 
 
@@ -70,7 +71,8 @@ class ModelConfig:
   dtype: str = "float32"          # Compute dtype; parameters stay float32.
   matmul_dtype: str = ""          # "": dtype. Matmul operand dtype with float32 accumulation
                                   # (precision.py); "bfloat16" with dtype "float32" is mixed
-                                  # precision, fast on CPUs with AVX512-BF16 or AMX.
+                                  # precision, fast on CPUs with AVX512-BF16 or AMX; "auto":
+                                  # bfloat16 where that is native (precision.native_bfloat16).
 
   def __post_init__(self):
     for key in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len",
@@ -96,7 +98,7 @@ class ModelConfig:
         d_k=self.d_k or head_depth,
         d_v=self.d_v or head_depth,
         source_vocab_size=self.source_vocab_size or self.vocab_size,
-        matmul_dtype=self.matmul_dtype or self.dtype,
+        matmul_dtype=resolve_matmul_dtype(self.matmul_dtype, self.dtype),
     )
     if resolved["d_k"] < 0 or resolved["d_v"] < 0:
       raise UserError(f"config.model.d_k={resolved['d_k']} and d_v={resolved['d_v']} must be "
@@ -145,6 +147,13 @@ class ModelConfig:
       if key in values:
         values[key] = bool(values[key])
     return cls(**values)
+
+
+def resolve_matmul_dtype(matmul_dtype: str, dtype: str) -> str:
+  """config.model.matmul_dtype as a dtype name: "" -> dtype; "auto" -> bfloat16 where native."""
+  if matmul_dtype == "auto":
+    return "bfloat16" if precision.native_bfloat16_here()[0] else dtype
+  return matmul_dtype or dtype
 
 
 def default_model_config() -> ml_collections.ConfigDict:

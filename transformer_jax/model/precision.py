@@ -214,3 +214,51 @@ def _mixed_einsum_backward(
 
 
 _mixed_einsum.defvjp(_mixed_einsum_forward, _mixed_einsum_backward)
+
+
+# CPU flags (/proc/cpuinfo) of a native bfloat16 dot product: XLA:CPU's bfloat16-operand,
+# float32-result matmuls beat float32 only with one of them (the rates in the module docstring).
+NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+  """The first processor's flags (empty where /proc/cpuinfo is absent, e.g. macOS)."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("flags"):
+          return frozenset(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return frozenset()
+
+
+def native_bfloat16(backend: str, flags: frozenset[str] = frozenset(),
+                    gpu_capability: str = "") -> tuple[bool, str]:
+  """(whether bfloat16 matmul operands run faster than float32 here, the reason in words).
+
+  Args:
+    backend: jax.default_backend().
+    flags: the CPU's flags (`cpu_flags()`), for backend "cpu".
+    gpu_capability: the GPU's compute capability ("9.0"), for backend "gpu".
+  """
+  if backend == "tpu":
+    return True, "a TPU's matrix units take bfloat16 operands"
+  if backend == "gpu":
+    major = int(gpu_capability.split(".")[0]) if gpu_capability else 0
+    if major >= 8:
+      return True, f"a GPU of compute capability {gpu_capability} has bfloat16 tensor cores"
+    return False, f"a GPU of compute capability {gpu_capability or 'unknown'} (< 8.0) has no bfloat16 tensor cores"
+  native = [flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags]
+  if native:
+    return True, f"this CPU has {' and '.join(native)}"
+  return False, "this CPU has neither AMX nor AVX512-BF16 (bfloat16 operands would run slower)"
+
+
+@functools.cache
+def native_bfloat16_here() -> tuple[bool, str]:
+  """`native_bfloat16` of this process's default backend and first device (probed once)."""
+  backend = jax.default_backend()
+  capability = getattr(jax.devices()[0], "compute_capability", "") if backend == "gpu" else ""
+  return native_bfloat16(backend, cpu_flags() if backend == "cpu" else frozenset(),
+                         str(capability or ""))
