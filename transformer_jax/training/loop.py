@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 from transformer_jax import sharding
 from transformer_jax.configs import validate_config
 from transformer_jax.errors import UserError
+from transformer_jax.model import precision
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.info import format_counts, parameter_counts
 from transformer_jax.training import checkpoints, init_from
@@ -114,6 +115,10 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
   model, state, train_fn, eval_fn = build_steps(config, task, mesh)
   if jax.process_index() == 0:
     print("parameters:\n" + format_counts(parameter_counts(state.params)), flush=True)
+    if config.model.matmul_dtype == "auto":
+      native, reason = precision.native_bfloat16_here()
+      print(f"matmul operands: {'bfloat16' if native else config.model.dtype} "
+            f"(matmul_dtype='auto': {reason})", flush=True)
     logging.info("%s", task.describe())
   manager = checkpoints.make_manager(
       checkpoints.checkpoint_dir(workdir), config.keep_checkpoints, config.async_checkpoints)
