@@ -177,3 +177,17 @@ def in_mesh(jitted: Callable, mesh: Mesh) -> Callable:
 
   call.lower = lower
   return call
+
+
+def bytes_per_device(tree: Any) -> int:
+  """Bytes the most loaded device holds of `tree`: arrays or ShapeDtypeStructs with shardings.
+
+  A leaf split n ways costs each device its shard (`shard_shape`); a replicated
+  leaf costs every device all of it. Works on an abstract mesh
+  (`jax.sharding.AbstractMesh`), so a pod's layout can be sized on a laptop.
+  """
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+    total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+  return total
