@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import jax
@@ -26,10 +27,10 @@ class MetricsWriter:
     self.unit = unit
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.total_steps = total_steps
-    self._tensorboard = None
+    self._tensorboard_dir = os.path.join(workdir, "tensorboard")
+    self._tensorboard = None  # Opened at the first write, after `truncate_after`.
+    self._purge_step = None
     self._bar = None  # A step bar, only when stderr is a terminal.
-    if self.enabled:
-      self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def step_done(self, step: int) -> None:
     """Moves the terminal's step bar to `step` (rate and ETA); nothing off a terminal."""
@@ -44,7 +45,12 @@ class MetricsWriter:
     """Drops rows logged after `step` (a resumed run writes them again).
 
     A half-written last line (the process was killed mid-write) is dropped too.
+    TensorBoard is told to hide its events after `step` too: the event file
+    this process opens starts with a purge marker at step + 1 (tensorboardX's
+    purge_step; TensorBoard drops the earlier files' events from that step on).
     """
+    if step > 0 and os.path.isdir(self._tensorboard_dir):
+      self._purge_step = step + 1
     if not self.enabled or not os.path.exists(self.path):
       return
     rows = []
@@ -66,11 +72,15 @@ class MetricsWriter:
     row = {k: (float(v) if k != "step" else int(v)) for k, v in row.items()}
     with open(self.path, "a") as f:
       f.write(json.dumps({"split": prefix, **row}) + "\n")
-    if self._tensorboard is not None:
-      for key, value in row.items():
-        if key != "step":
-          self._tensorboard.add_scalar(f"{prefix}/{key}", value, row["step"])
-      self._tensorboard.flush()
+    if self._tensorboard is None:
+      # The suffix keeps a writer restarted within the same second (same file name
+      # otherwise) from overwriting the last one's file, and sorts after it.
+      self._tensorboard = SummaryWriter(self._tensorboard_dir, purge_step=self._purge_step,
+                                        filename_suffix=f".{time.time_ns()}")
+    for key, value in row.items():
+      if key != "step":
+        self._tensorboard.add_scalar(f"{prefix}/{key}", value, row["step"])
+    self._tensorboard.flush()
 
   def console(self, row: dict[str, Any]) -> None:
     """One progress line: step/total, loss, learning rate, tokens/s and ETA."""
