@@ -18,7 +18,12 @@ row resumes from its last checkpoint. Launchers:
 - local: rows train in this process, one after another;
 - subprocess: each row is a `python -m transformer_jax.train` child;
 - print: writes one train command per row to results/<sweep>/commands.sh for a
-  cluster; afterwards `--launcher=report` scores the finished rows.
+  cluster; afterwards `--launcher=report` scores the finished rows;
+- slurm: writes results/<sweep>/slurm.sh, an sbatch job array with one task per
+  row (`sbatch results/<sweep>/slurm.sh`); each task reruns this command, which
+  under SLURM_ARRAY_TASK_ID=i trains and scores row i only. SLURM's SIGTERM
+  before a time limit or preemption saves a checkpoint; the array requeues
+  and the rerun resumes. `--launcher=report` then tabulates every row.
 Every launcher rewrites results/<sweep>/table.md (Table 3's columns) and
 results/<sweep>/curves.png (train and dev NLL against step, one line per row).
 """
@@ -42,7 +47,8 @@ from tqdm import tqdm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_FILE = "ablation_row.json"
-LAUNCHERS = ("local", "subprocess", "print", "report")
+LAUNCHERS = ("local", "subprocess", "print", "report", "slurm")
+SLURM_TASK_ENV = "SLURM_ARRAY_TASK_ID"
 
 
 def load_table3():
@@ -181,8 +187,13 @@ def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: 
 def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path, runs_dir: Path,
               launcher: str = "local", bleu_sentences: int = 256, bleu_metric: str = "auto",
               config_spec: str = "", flag_args: list[str] | None = None,
-              log: Callable[[str], Any] = print) -> dict[str, dict]:
-  """Trains, scores and tabulates every row not already done; returns {row: result}."""
+              log: Callable[[str], Any] = print, slurm_task: int | None = None,
+              rerun_command: list[str] | None = None) -> dict[str, dict]:
+  """Trains, scores and tabulates every row not already done; returns {row: result}.
+
+  With launcher "slurm": `slurm_task` None writes the job array that reruns
+  `rerun_command`; an index trains only that row (as "local" would).
+  """
   if launcher not in LAUNCHERS:
     raise ValueError(f"--launcher={launcher!r} is not one of {', '.join(LAUNCHERS)}")
   if len({r.name for r in rows}) != len(rows):
@@ -191,11 +202,28 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
     bleu_metric = "tok_bleu" if base.data.dataset == "multi30k" else "paper_bleu"
   sweep_dir.mkdir(parents=True, exist_ok=True)
   configs = {row.name: row_config(base, row) for row in rows}
+  if launcher == "slurm" and slurm_task is None:
+    path = write_slurm_array(sweep_dir, rows, rerun_command or [])
+    log(f"{len(rows)} rows: sbatch {path} trains them as a job array; then rerun with "
+        "--launcher=report")
+    return {}
+  if launcher == "slurm":
+    if not 0 <= slurm_task < len(rows):
+      raise ValueError(f"{SLURM_TASK_ENV}={slurm_task} names no row (there are {len(rows)})")
+    mine = rows[slurm_task]
+    launcher = "local"
+  else:
+    mine = None
   results, commands = {}, []
   # One bar for the sweep on a terminal (rate, ETA), nothing in a log file.
   for row in tqdm(rows, desc=f"sweep {sweep_dir.name}", unit=" rows", disable=None,
                   file=sys.stderr):
     config, workdir = configs[row.name], runs_dir / row.name
+    if mine is not None and row is not mine:  # Another array task's row: report it if done.
+      done = finished_result(workdir, config)
+      if done is not None:
+        results[row.name] = done
+      continue
     done = finished_result(workdir, config)
     if done is not None:
       log(f"[{row.name}] finished earlier: skipped")
@@ -230,6 +258,30 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
         "with --launcher=report")
   write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)
   return results
+
+
+def write_slurm_array(sweep_dir: Path, rows: list[Row], command: list[str]) -> Path:
+  """results/<sweep>/slurm.sh: one array task per row, each rerunning `command`.
+
+  Resources are left to sbatch's command line or the cluster's defaults
+  (`sbatch --gres=gpu:1 --time=4:00:00 slurm.sh`). A task SLURM stops early
+  gets SIGTERM 120 s before (the trainer saves) and is requeued to resume.
+  """
+  path = sweep_dir / "slurm.sh"
+  lines = ["#!/bin/bash",
+           f"#SBATCH --job-name={sweep_dir.name}",
+           f"#SBATCH --array=0-{len(rows) - 1}",
+           f"#SBATCH --output={sweep_dir}/slurm-%A_%a.log",
+           "#SBATCH --signal=B:TERM@120",
+           "#SBATCH --requeue",
+           "# Rows, by array index: " + ", ".join(f"{i}={r.name}" for i, r in enumerate(rows)),
+           "set -euo pipefail",
+           f"cd {shlex.quote(os.getcwd())}",  # Where the command's relative paths start.
+           # exec: the trainer itself receives SLURM's SIGTERM.
+           "exec " + shlex.join(command)]
+  path.write_text("\n".join(lines) + "\n")
+  path.chmod(0o755)
+  return path
 
 
 # --- The table and the curves -----------------------------------------------------
@@ -286,7 +338,10 @@ def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
           f"{note}dev PPL is per token of the model's vocabulary, from training's last "
           f"evaluation; {len(done)} of {len(rows)} rows finished. Paper columns: Table 3 "
           "(WMT14 newstest2013, 100K steps).\n")
-  (sweep_dir / "table.md").write_text(text)
+  # Written whole and renamed: the tasks of a SLURM array write it at once.
+  partial = sweep_dir / f"table.md.{os.getpid()}.tmp"
+  partial.write_text(text)
+  os.replace(partial, sweep_dir / "table.md")
   plot_curves(sweep_dir / "curves.png", {r.name: read_metrics(runs_dir / r.name) for r in rows})
 
 
@@ -313,8 +368,10 @@ def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize="small")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  partial = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
+  fig.savefig(partial, dpi=100)
   plt.close(fig)
+  os.replace(partial, path)
 
 
 # --- Command line -----------------------------------------------------------------
@@ -368,8 +425,11 @@ def main(argv: list[str]) -> None:
   runs_dir = Path(FLAGS.runs_dir or Path("runs") / FLAGS.sweep).resolve()
   sweep_dir = Path(FLAGS.results_dir).resolve() / FLAGS.sweep
   try:
+    slurm_task = os.environ.get(SLURM_TASK_ENV)
     run_sweep(base, rows, sweep_dir, runs_dir, FLAGS.launcher, FLAGS.bleu_sentences,
-              FLAGS.bleu, spec, flag_args)
+              FLAGS.bleu, spec, flag_args,
+              slurm_task=int(slurm_task) if slurm_task is not None else None,
+              rerun_command=[sys.executable, os.path.abspath(__file__), *sys.argv[1:]])
   except (ValueError, KeyError, TypeError) as e:
     raise UserError(str(e).strip("'\"")) from None
   print(f"table: {sweep_dir / 'table.md'}\ncurves: {sweep_dir / 'curves.png'}")

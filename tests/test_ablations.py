@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import subprocess
+import sys
 import time
 
 import pytest
@@ -103,3 +106,30 @@ def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path):
                                log=lambda _: None)["base"]
   steps = [r["step"] for r in ablations.read_metrics(runs_dir / "base") if r["split"] == "train"]
   assert result["step"] == 4 and steps == sorted(set(steps)), steps
+
+
+def test_slurm_launcher_writes_a_job_array_whose_task_trains_its_own_row(tmp_path):
+  """--launcher=slurm: one array task per row; SLURM_ARRAY_TASK_ID=i trains row i only."""
+  results, runs = tmp_path / "results", tmp_path / "runs"
+  command = [sys.executable, str(REPO_ROOT / "experiments" / "ablations.py"),
+             "--config=experiments/configs/tiny.py", "--rows=base", "--row=narrow:model.d_ff=32",
+             "--sweep=slurm_smoke", "--launcher=slurm", f"--results_dir={results}",
+             f"--runs_dir={runs}", "--bleu_sentences=2", "--config.num_train_steps=4",
+             "--config.eval_every_steps=4", "--config.log_every_steps=2", "--config.beam_size=2",
+             "--config.data.bucket_boundaries=(48,)"]
+  written = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+  assert written.returncode == 0, written.stderr[-2000:]
+  script = results / "slurm_smoke" / "slurm.sh"
+  text = script.read_text()
+  assert "#SBATCH --array=0-1" in text and "#SBATCH --requeue" in text, text
+  assert "# Rows, by array index: 0=base, 1=narrow" in text, text
+  assert not runs.exists(), "writing the array must train nothing"
+
+  environment = {**os.environ, "SLURM_ARRAY_TASK_ID": "1"}
+  task = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=600,
+                        env=environment)
+  assert task.returncode == 0, task.stderr[-3000:]
+  assert (runs / "narrow" / "ablation_row.json").exists(), task.stderr[-2000:]
+  assert not (runs / "base").exists(), "array task 1 must train row 1 (narrow) only"
+  table = (results / "slurm_smoke" / "table.md").read_text()
+  assert "| narrow |" in table and "1 of 2 rows finished" in table, table
