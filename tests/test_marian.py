@@ -168,7 +168,12 @@ def test_decoding_equals_generate(imported, hf_model, hf_tokenizer, permutation,
   options = DecodeOptions(method="beam" if beam_size > 1 else "greedy", beam_size=beam_size,
                           alpha=0.0, max_extra_len=extra, min_length=0,
                           finish_rule="fairseq")
-  for text in SOURCES[:12]:
+  texts = SOURCES[:12]
+  rows = [run.tokenizer.encode(text) for text in texts]
+  width = max(map(len, rows))  # One batch: each row still stops at its own length + extra.
+  src = jnp.asarray([row + [PAD_ID] * (width - len(row)) for row in rows], jnp.int32)
+  decoded = np.asarray(decode_batch(run.model, run.params, src, options, width + extra))
+  for text, ours in zip(texts, decoded.tolist()):
     input_ids, attention_mask = _batch(hf_tokenizer, [text])
     with torch.no_grad():
       generated = hf_model.generate(
@@ -177,9 +182,6 @@ def test_decoding_equals_generate(imported, hf_model, hf_tokenizer, permutation,
           max_new_tokens=input_ids.shape[1] + extra)[0, 1:].tolist()
     if hf_model.config.eos_token_id in generated:
       generated = generated[:generated.index(hf_model.config.eos_token_id) + 1]
-    src = jnp.asarray([run.tokenizer.encode(text)], jnp.int32)
-    ours = np.asarray(decode_batch(run.model, run.params, src, options,
-                                   src.shape[1] + extra))[0].tolist()
     if EOS_ID in ours:
       ours = ours[:ours.index(EOS_ID) + 1]
     ours = [int(permutation[i]) for i in ours if i != PAD_ID]

@@ -56,6 +56,7 @@ def test_quickstart_then_attention_maps_run_with_tiny_settings(tmp_path):
   quickstart = execute("quickstart.ipynb", workdir, tmp_path)
   text = "".join(outputs(quickstart, "text"))
   assert "trained to step 10" in text and "BLEU on 8 test sentences" in text, text[-2000:]
+  assert "opus-mt-en-de not downloaded" in text, "the published-model cell did not run"
   assert outputs(quickstart, "image/png"), "quickstart drew no loss curve"
 
   attention = execute("attention_maps.ipynb", workdir, tmp_path)
