@@ -1,1 +1,1 @@
-"""Published checkpoints in: another implementation's weights as a run directory of this package."""
+"""Other implementations: published checkpoints in (Marian), deployment engines out (CTranslate2)."""

@@ -1,0 +1,48 @@
+"""Exports a trained encoder-decoder run for a deployment engine.
+
+  python -m transformer_jax.export --workdir=RUN_DIR --format=ctranslate2 --out=DIR \
+      [--checkpoint=latest|averaged|STEP] [--quantization=int8]
+
+Writes a CTranslate2 model (interop/ctranslate2_export.py; pip install -e
+'.[export]'). Feed it the run's SentencePiece pieces without the final </s>:
+
+  ctranslate2.Translator(DIR).translate_batch([pieces], beam_size=4)
+"""
+
+from __future__ import annotations
+
+from absl import app, flags
+
+from transformer_jax.cli import common
+from transformer_jax.errors import UserError, exit_on_user_error
+from transformer_jax.interop.ctranslate2_export import export_ctranslate2
+from transformer_jax.tasks.registry import load_run
+
+FLAGS = common.FLAGS
+
+
+@exit_on_user_error
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise UserError(f"unexpected arguments {argv[1:]}; flags look like --out=DIR")
+  workdir = common.require_workdir()
+  if not FLAGS.out:
+    raise UserError("--out is required: the directory to write the exported model to")
+  run = load_run(workdir, FLAGS.checkpoint, expected_task="translation")
+  out = export_ctranslate2(run, FLAGS.out, FLAGS.quantization)
+  print(f"exported step {run.step} of {workdir} to {out} ({FLAGS.format}"
+        f"{', ' + FLAGS.quantization if FLAGS.quantization else ''})")
+
+
+def run() -> None:
+  flags.DEFINE_string("workdir", None, "Run directory of a translation run.")
+  flags.DEFINE_string("checkpoint", "latest", "latest, averaged, or a step number.")
+  flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "The engine to export for.")
+  flags.DEFINE_string("out", None, "Directory to write (new or empty).")
+  flags.DEFINE_string("quantization", "", "Weights' type: '' (float32), int8, int8_float32, "
+                      "float16, bfloat16 (CTranslate2's compute types).")
+  app.run(main, flags_parser=common.parse_flags)
+
+
+if __name__ == "__main__":
+  run()
