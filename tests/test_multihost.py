@@ -1,4 +1,9 @@
-"""Two processes on 127.0.0.1 (2 simulated devices each) train exactly like one with 4."""
+"""Two processes on 127.0.0.1 (2 simulated devices each) train exactly like one with 4.
+
+Under data parallelism every process holds all parameters; under fsdp=4 each
+holds half of them (a quarter per device), so the checkpoint is written by
+both processes together and read back whole.
+"""
 
 import os
 import socket
@@ -7,6 +12,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from transformer_jax import sharding
 from transformer_jax.tasks.registry import make_task
@@ -21,7 +27,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _train_command(workdir, prepared_dir):
+MESHES = {"data": [], "fsdp": ["--config.mesh.data=1", "--config.mesh.fsdp=4"]}
+
+
+def _train_command(workdir, prepared_dir, mesh_flags=()):
   return [
       sys.executable, "-m", "transformer_jax.train", "--config=experiments/configs/tiny.py",
       f"--workdir={workdir}", f"--config.num_train_steps={STEPS}",
@@ -31,6 +40,7 @@ def _train_command(workdir, prepared_dir):
       # entry into a full ±lr step (g/√v ≈ sign g); a larger ε keeps the update
       # a smooth function of the gradient, so the comparison is well-posed.
       "--config.adam_eps=1e-3",
+      *mesh_flags,
   ]
 
 
@@ -52,11 +62,12 @@ def _final_params(workdir):
   return jax.device_get(state.params)
 
 
-def test_two_processes_equal_one_process_with_four_devices(tmp_path):
+@pytest.mark.parametrize("layout", list(MESHES))
+def test_two_processes_equal_one_process_with_four_devices(tmp_path, layout):
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   prepared = tmp_path / "prepared"
   single = subprocess.run(
-      _train_command(tmp_path / "single", prepared), cwd=repo, env=_env(4),
+      _train_command(tmp_path / "single", prepared, MESHES[layout]), cwd=repo, env=_env(4),
       capture_output=True, text=True, timeout=600,
   )
   assert single.returncode == 0, single.stderr[-3000:]
@@ -64,7 +75,7 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path):
   port = _free_port()
   processes = [
       subprocess.Popen(
-          _train_command(tmp_path / "multi", prepared), cwd=repo,
+          _train_command(tmp_path / "multi", prepared, MESHES[layout]), cwd=repo,
           env=_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=2,
                    JAX_PROCESS_ID=i),
           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
