@@ -69,11 +69,19 @@ def device_info() -> Result:
   """What the numbers were measured on, the CPU's model name and flags included."""
   import jax
 
+  from transformer_jax.model.precision import cpu_flags
+
   device = jax.devices()[0]
   return dict(platform=device.platform, device_kind=device.device_kind,
               devices=jax.device_count(), jax=jax.__version__,
               host_cpus=os.cpu_count(), host_cpu=cpu_model(),
+              # The vector and matrix extensions that decide CPU matmul speed.
+              host_cpu_flags=sorted(f for f in cpu_flags() if f in SPEED_FLAGS),
               xla_flags=os.environ.get("XLA_FLAGS", ""))
+
+
+SPEED_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+               "amx_int8", "amx_tile"}
 
 
 def cpu_model() -> str:

@@ -2,12 +2,16 @@
 
   python benchmarks/decoding.py --config=experiments/configs/wmt14_base.py --beam_size=4 \
       --batch_size=64 --src_len=32 --decode_steps=40 --vocab_size=32000 --json \
-      [--compare=marian] [--growing_cache] [--profile_dir=DIR]
+      [--compare=marian|ctranslate2] [--growing_cache] [--profile_dir=DIR]
 
 `Translator` with random weights on synthetic sources; every sentence decodes exactly
 --decode_steps tokens (EOS ignored), so the work is the same on both sides.
 --compare=marian pairs it with Hugging Face's `MarianMTModel.generate` at the same size
 (`torch_reference.py`, the `[bench]` extra), alternating calls in one process.
+--compare=ctranslate2 pairs it with CTranslate2's `translate_batch` on the same
+model: these very weights, written by `transformer_jax.export` (whose outputs
+tests/test_export.py checks against ours), in each of --ct2_compute_types, the
+same source tokens and fixed work (min_decoding_length = max_decoding_length).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ flags.DEFINE_integer("decode_repeats", 3, "Timed decoding calls per method; the 
 flags.DEFINE_bool("growing_cache", None, "Decode with a growing self-attention cache "
                   "(DecodeOptions.growing_cache); unset: the package's default (on for beam "
                   "search, off for greedy).")
-flags.DEFINE_enum("compare", "", ["", "marian"],
-                  "marian: transformers.MarianMTModel.generate, random weights of the same size.")
+flags.DEFINE_enum("compare", "", ["", "marian", "ctranslate2"],
+                  "marian: transformers.MarianMTModel.generate, random weights of the same size; "
+                  "ctranslate2: CTranslate2 on this model's own weights.")
+flags.DEFINE_list("ct2_compute_types", ["float32", "int8"],
+                  "--compare=ctranslate2: CTranslate2 compute types to time.")
 
 Result = common.Result
 
@@ -65,6 +72,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                                   f"--decode_steps={FLAGS.decode_steps}",
                                   f"--beam_size={FLAGS.beam_size}"])
     generators, marian_info = reference.module.make_generators(reference.args)
+  engines = ctranslate2_engines(model.config, params) if FLAGS.compare == "ctranslate2" else {}
+  ct2_runs = {compute_type: {} for compute_type in engines}
   for method, beam_size in methods:
     options = DecodeOptions(method=method, beam_size=beam_size, ignore_eos=True,
                             max_extra_len=FLAGS.decode_steps - FLAGS.src_len,
@@ -85,6 +94,20 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
       seconds = statistics.median(times)
       marian_runs[method] = dict(beam_size=beam_size, times_s=marian_times,
                                  first_call_s=marian_first_s)
+    elif engines:
+      times = []
+      for compute_type, engine in engines.items():
+        decode = ctranslate2_call(engine, src, beam_size)
+        start = time.perf_counter()
+        decode()
+        engine_first_s = time.perf_counter() - start
+        ours, theirs = alternate(lambda: translator(src), decode, FLAGS.decode_repeats)
+        times += ours
+        ct2_runs[compute_type][method] = dict(
+            beam_size=beam_size, times_s=theirs, seconds=statistics.median(theirs),
+            best_s=min(theirs), sentences_per_s=FLAGS.batch_size / statistics.median(theirs),
+            first_call_s=engine_first_s)
+      seconds = statistics.median(times)
     else:
       seconds, times = median_time(lambda: translator(src), FLAGS.decode_repeats)
     if FLAGS.profile_dir:
@@ -117,7 +140,51 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
         load_average=common.load_average())
   if FLAGS.compare == "marian":
     compare_marian(result, model.config)
+  if ct2_runs:
+    import ctranslate2
+
+    result["ctranslate2"] = dict(version=ctranslate2.__version__, compare_mode="paired",
+                                 threads=os.cpu_count(), compute_types=ct2_runs)
+    for compute_type, engine_runs in ct2_runs.items():
+      for method, theirs in engine_runs.items():
+        run = runs[method]
+        run[f"jax_over_ct2_{compute_type}"] = run["sentences_per_s"] / theirs["sentences_per_s"]
   return result, table(result)
+
+
+def ctranslate2_engines(model_config, params) -> dict:
+  """{compute type: ctranslate2.Translator} of this model's weights (`transformer_jax.export`)."""
+  import tempfile
+
+  import ctranslate2
+  import jax
+  import numpy as np
+
+  from transformer_jax.interop.ctranslate2_export import model_spec, write_model
+
+  tokens = ["<pad>", "<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(4, model_config.vocab_size)]
+  spec = model_spec(model_config, jax.tree.map(np.array, params), tokens)
+  directory = tempfile.mkdtemp(prefix="ct2_benchmark_")
+  write_model(spec, directory)
+  return {compute_type: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                               intra_threads=os.cpu_count() or 1)
+          for compute_type in FLAGS.ct2_compute_types}
+
+
+def ctranslate2_call(engine, src, beam_size: int):
+  """One translate_batch over the same sources: every sentence --decode_steps tokens."""
+  batch = [[f"t{i}" for i in row[:-1]] for row in src.tolist()]  # It appends </s> itself.
+
+  def decode():
+    results = engine.translate_batch(
+        batch, beam_size=beam_size, max_decoding_length=FLAGS.decode_steps,
+        min_decoding_length=FLAGS.decode_steps, max_batch_size=0, return_scores=False)
+    if len(results[0].hypotheses[0]) != FLAGS.decode_steps:
+      raise RuntimeError(f"CTranslate2 decoded {len(results[0].hypotheses[0])} tokens, "
+                         f"expected {FLAGS.decode_steps}")
+    return results
+
+  return decode
 
 
 def compare_marian(result: Result, model_config) -> None:
@@ -153,6 +220,13 @@ def table(result: Result) -> list[tuple[str, str]]:
                    f"(best {marian['best_s']:.2f}); JAX / Marian {run['jax_over_marian']:.2f}× "
                    f"(median), {run['jax_over_marian_best']:.2f}× (best); "
                    f"{result['marian']['compare_mode']}"))
+    for compute_type, engine_runs in result.get("ctranslate2", {}).get("compute_types", {}).items():
+      theirs = engine_runs.get(method)
+      if theirs:
+        rows.append((f"  CTranslate2 {compute_type} {method}",
+                     f"{theirs['sentences_per_s']:.2f} sentences/s, {theirs['seconds']:.2f} s/batch "
+                     f"(best {theirs['best_s']:.2f}); JAX / CTranslate2 "
+                     f"{run[f'jax_over_ct2_{compute_type}']:.2f}× (median); paired"))
   rows.append(("peak memory", f"{common.mib(result['peak_memory_bytes'])} "
                               f"({result['peak_memory_source']})"))
   for method, profile in result.get("profiles", {}).items():

@@ -66,7 +66,8 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
       "python benchmarks/train_step.py --config=experiments/configs/wmt14_base.py --batch_size=64 \\",
       "    --src_len=32 --tgt_len=32 --vocab_size=32000 --steps=5 --json [--compare=torch]",
       "python benchmarks/decoding.py --config=experiments/configs/wmt14_base.py --beam_size=4 \\",
-      "    --batch_size=64 --src_len=32 --decode_steps=40 --vocab_size=32000 --json [--compare=marian]",
+      "    --batch_size=64 --src_len=32 --decode_steps=40 --vocab_size=32000 --json \\",
+      "    [--compare=marian|ctranslate2]",
       "python benchmarks/attention.py --json",
       "python benchmarks/input_pipeline.py --dataset=multi30k --json",
       "bash benchmarks/gpu_run.sh   # on a GPU: base and big in bf16, cuDNN attention, decoding",
@@ -101,6 +102,24 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
           f"| {format_number(marian.get('sentences_per_s', ''))} | {reference_dtype(r.get('marian'))} "
           f"| {ratio(m.get('jax_over_marian'))} "
           f"| {ratio(m.get('jax_over_marian_best'))} | {load(r)} | {r.get('note', '')} |")
+  lines += ["", "### Decoding against CTranslate2 (the same weights, exported; paired)", "",
+            "| date | device | config | dtype | batch × src → new | method | sentences/s | "
+            "CTranslate2 float32 | JAX/CT2 float32 | CTranslate2 int8 | JAX/CT2 int8 | CT2 version "
+            "| load | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in (r for r in runs if r["mode"] == "decode" and "ctranslate2" in r):
+    engines = r["ctranslate2"]["compute_types"]
+    for method, m in r["methods"].items():
+      theirs = {ct: engines.get(ct, {}).get(method, {}) for ct in ("float32", "int8")}
+      lines.append(
+          f"| {when(r)} | {kind(r)} | {r['config']} | {precision_label(r['model'])} "
+          f"| {r['batch_size']} × {r['src_len']} → {r['decode_steps']} | {method} {m['beam_size']} "
+          f"| {m['sentences_per_s']:.2f} "
+          f"| {format_number(theirs['float32'].get('sentences_per_s', ''))} "
+          f"| {ratio(m.get('jax_over_ct2_float32'))} "
+          f"| {format_number(theirs['int8'].get('sentences_per_s', ''))} "
+          f"| {ratio(m.get('jax_over_ct2_int8'))} | {r['ctranslate2']['version']} "
+          f"| {load(r)} | {r.get('note', '')} |")
   lines += ["", "### Attention against sequence length (forward / forward+backward)", "",
             "| date | device | impl | dtype | length | batch | fwd ms | fwd+bwd ms | "
             "fwd temp MiB | fwd+bwd temp MiB | note | load |",

@@ -61,6 +61,17 @@ def test_decoding_benchmark_ends_in_json_and_profiles_each_method(tmp_path):
     assert profile["top_ops"] and (tmp_path / "profile" / method / f"decode_{method}.hlo.txt").exists()
 
 
+def test_decoding_benchmark_pairs_ctranslate2_on_the_same_weights(tmp_path):
+  pytest.importorskip("ctranslate2", reason="pip install -e '.[test]' (ctranslate2)")
+  result = run_benchmark(tmp_path, "decoding.py", *TINY, "--beam_size=2", "--decode_steps=10",
+                         "--decode_repeats=1", "--compare=ctranslate2")
+  engines = result["ctranslate2"]["compute_types"]
+  assert set(engines) == {"float32", "int8"}, engines.keys()
+  for compute_type, runs in engines.items():
+    assert set(runs) == {"greedy", "beam"} and runs["beam"]["sentences_per_s"] > 0, runs
+    assert result["methods"]["beam"][f"jax_over_ct2_{compute_type}"] > 0
+
+
 def test_attention_and_input_pipeline_benchmarks_end_in_json(tmp_path):
   attention = run_benchmark(tmp_path, "attention.py", "--attention_lengths=16,32",
                             "--attention_tokens=64", "--json")

@@ -133,9 +133,14 @@ def export_ctranslate2(run: LoadedRun, out_dir: str, quantization: str = "") -> 
     raise UserError(f"the model has {config.vocab_size} output rows and the tokenizer "
                     f"{len(tokens)} pieces; only a translation run exports")
   params = jax.tree.map(np.array, run.params)  # Writable host copies: quantizing edits them.
-  spec = model_spec(config, params, tokens)
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise UserError(f"--out={out_dir} exists and is not empty; choose a new directory")
+  write_model(model_spec(config, params, tokens), out_dir, quantization)
+  return out_dir
+
+
+def write_model(spec: Any, out_dir: str, quantization: str = "") -> None:
+  """Validates `spec`, quantizes its weights if asked, and saves it to `out_dir`."""
   try:
     spec.validate()
     if quantization:
@@ -145,4 +150,3 @@ def export_ctranslate2(run: LoadedRun, out_dir: str, quantization: str = "") -> 
   except (ValueError, TypeError) as e:
     hint = f"; check --quantization={quantization}" if quantization else ""
     raise UserError(f"CTranslate2 refused the model ({e}){hint}") from None
-  return out_dir
