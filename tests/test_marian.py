@@ -222,6 +222,8 @@ def test_import_translate_evaluate_commands(marian_dir, hf_model, hf_tokenizer, 
   assert evaluated.returncode == 0, evaluated.stderr[-2000:]
   scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
   assert scores["sentences"] == 4 and "sacrebleu" in scores
+  assert scores["decoding"] == dict(method="beam", beam_size=2, alpha=0.6, finish_rule="t2t",
+                                    max_extra_len=50, min_length=1), scores["decoding"]
 
 
 def test_fine_tuning_starts_from_every_imported_parameter(imported, tmp_path):

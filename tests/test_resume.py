@@ -7,6 +7,8 @@ data iterator and the dropout keys continue exactly where they stopped.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from flax import traverse_util
@@ -33,6 +35,11 @@ def test_stopped_and_rerun_equals_uninterrupted(shared, tmp_path):
 
   runner.assert_states_bitwise_equal(workdir, uninterrupted)
   runner.assert_same_metrics(workdir, uninterrupted)
+  # Each process start is on record with the config it ran, the resume's override included.
+  history = [json.loads(line) for line in (workdir / "config_history.jsonl").read_text().splitlines()]
+  assert [(h["step"], h["resumed"], h["config"]["num_train_steps"]) for h in history] == [
+      (0, False, HALF), (HALF, True, runner.STEPS)], history
+  assert f"--config.num_train_steps={runner.STEPS}" in history[1]["argv"], history[1]["argv"]
 
 
 

@@ -128,5 +128,18 @@ def evaluate_texts(run: LoadedRun, sources: Sequence[str], references: Sequence[
   seconds = time.time() - started
   scores = all_scores(hypotheses, list(references), tok_references)
   scores.update(sentences=len(sources), decode_seconds=round(seconds, 3),
-                sentences_per_second=round(len(sources) / max(seconds, 1e-9), 3))
+                sentences_per_second=round(len(sources) / max(seconds, 1e-9), 3),
+                decoding=decoding_settings(options))
   return scores, hypotheses
+
+
+def decoding_settings(options: DecodeOptions) -> dict:
+  """The search that made a score, written beside it (greedy: no beam or α)."""
+  settings = dict(method=options.method, max_extra_len=options.max_extra_len,
+                  min_length=options.min_length)
+  if options.method == "beam":
+    settings.update(beam_size=options.beam_size, alpha=options.alpha,
+                    finish_rule=options.finish_rule)
+  if options.method == "sample":
+    settings.update(temperature=options.temperature, top_k=options.top_k)
+  return settings

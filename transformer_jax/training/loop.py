@@ -13,6 +13,8 @@ import dataclasses
 import functools
 import json
 import os
+import platform
+import sys
 import time
 from typing import Any, Callable, Iterable, Protocol
 
@@ -155,9 +157,28 @@ def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState
       run.task.write_run_files(run.workdir)
       with open(os.path.join(run.workdir, "config.json"), "w") as f:
         f.write(run.config.to_json_best_effort(indent=2))
+  if jax.process_index() == 0:
+    record_process_config(run, int(state.step), resumed=restored is not None)
   # Rows a killed run logged after its last checkpoint (or before its first) are redone.
   run.writer.truncate_after(int(state.step))
   return state
+
+
+CONFIG_HISTORY = "config_history.jsonl"
+
+
+def record_process_config(run: Run, step: int, resumed: bool) -> None:
+  """Appends the config this process runs with to <workdir>/config_history.jsonl.
+
+  config.json is written when a run starts; a resume may change keys (more
+  steps, another batch), so each process start is recorded with its command
+  line, host and the step it starts from.
+  """
+  row = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), step=step, resumed=resumed,
+             host=platform.node(), argv=sys.argv[1:],
+             config=json.loads(run.config.to_json_best_effort()))
+  with open(os.path.join(run.workdir, CONFIG_HISTORY), "a") as f:
+    f.write(json.dumps(row) + "\n")
 
 
 def evaluate(run: Run, params: Any) -> dict[str, float]:
