@@ -34,7 +34,6 @@ from transformer_jax.configs import default_config
 from transformer_jax.data import marian_vocab
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import UserError
-from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
 from transformer_jax.training.schedules import make_optimizer
@@ -277,10 +276,9 @@ def import_marian(model_dir: str, workdir: str) -> ImportReport:
   vocabulary = marian_vocab.convert(os.path.join(model_dir, "source.spm"), vocab,
                                     special_ids(hf, vocab))
   config = run_config(model_section(hf, len(vocabulary.marian_ids)))
-  model = Transformer(config.model)
+  model = Transformer(config.model)  # Validates the model section before anything is written.
   params = convert_params(read_weights(model_dir), hf, vocabulary.marian_ids, model_dir)
   check_against_model(params, model)
-  ModelConfig.from_config(config.model)  # Validates before anything is written.
 
   workdir = os.path.abspath(workdir)
   if os.path.isdir(checkpoints.checkpoint_dir(workdir)):
