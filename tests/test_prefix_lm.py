@@ -130,14 +130,14 @@ def test_a_packed_row_scores_each_pair_as_if_alone(model_and_params):
 def test_min_length_keeps_eos_from_ending_an_empty_output(method):
   """A model whose likeliest token is always EOS: min_length=1 still gives a token first."""
   from transformer_jax.decode import search
-  from transformer_jax.decode.translator import no_eos_before
+  from transformer_jax.decode.translator import allowed_tokens
 
   def eos_first(tokens, cache, step):
     logits = jnp.zeros((tokens.shape[0], 8)).at[:, EOS_ID].set(5.0).at[:, 6].set(1.0)
     return logits, cache
 
   for min_length, first in ((0, EOS_ID), (1, 6)):
-    step = no_eos_before(eos_first, min_length)
+    step = allowed_tokens(eos_first, min_length)
     if method == "greedy":
       out = search.greedy_search(step, {}, batch_size=2, max_decode_len=4)
     else:

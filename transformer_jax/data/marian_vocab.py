@@ -47,7 +47,7 @@ _RESERVED = ((special_tokens.PAD_ID, "<pad>", "pad", _CONTROL),
              (special_tokens.UNK_ID, "<unk>", "unk", _UNKNOWN),
              (special_tokens.BOS_ID, "<s>", "start", _CONTROL),
              (special_tokens.EOS_ID, "</s>", "eos", _CONTROL))
-SPECIAL_ROLES = ("pad", "unk", "start", "eos")
+SPECIAL_ROLES = tuple(role for _, _, role, _ in _RESERVED)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,9 +114,8 @@ def decode_batch(
     beam_cache, sentence_cache = split_cache(cache)
     beam_step = step_logits(model, params, src_tokens, sentence_cache)
     step, grow = step_logits(model, params, src_tokens), grow_cache
-  step, beam_step = never_pad_or_bos(step), never_pad_or_bos(beam_step)
-  if options.min_length > 0 and not options.ignore_eos:
-    step, beam_step = (no_eos_before(fn, options.min_length) for fn in (step, beam_step))
+  min_length = 0 if options.ignore_eos else options.min_length
+  step, beam_step = (allowed_tokens(fn, min_length) for fn in (step, beam_step))
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
   batch_size = src_tokens.shape[0]
@@ -137,27 +136,21 @@ def decode_batch(
   )
 
 
-def never_pad_or_bos(tokens_to_logits: search.TokensToLogits) -> search.TokensToLogits:
-  """The step function with PAD and BOS impossible: no output continues with them.
+def allowed_tokens(tokens_to_logits: search.TokensToLogits, min_length: int
+                   ) -> search.TokensToLogits:
+  """The step function with PAD and BOS impossible, and EOS too at steps < `min_length`.
 
-  A model trained here learns this; an imported one (Marian bans its decoder
-  start token, which becomes BOS here) is told.
+  No output continues with PAD or BOS: a model trained here learns this; an
+  imported one (Marian bans its decoder start token, which becomes BOS here)
+  is told. One scatter a step sets all three columns.
   """
 
   def step(tokens, cache, t):
     logits, cache = tokens_to_logits(tokens, cache, t)
-    return logits.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf), cache
-
-  return step
-
-
-def no_eos_before(tokens_to_logits: search.TokensToLogits, min_length: int
-                  ) -> search.TokensToLogits:
-  """The step function with EOS impossible at steps < `min_length`."""
-
-  def step(tokens, cache, t):
-    logits, cache = tokens_to_logits(tokens, cache, t)
-    return logits.at[:, EOS_ID].set(jnp.where(t < min_length, -jnp.inf, logits[:, EOS_ID])), cache
+    eos = jnp.where(t < min_length, -jnp.inf, logits[:, EOS_ID])
+    never = jnp.full((logits.shape[0], 2), -jnp.inf, logits.dtype)
+    values = jnp.concatenate([never, eos[:, None].astype(logits.dtype)], axis=1)
+    return logits.at[:, (PAD_ID, BOS_ID, EOS_ID)].set(values), cache
 
   return step
 
