@@ -45,6 +45,8 @@ from typing import Any, Callable
 import ml_collections
 from tqdm import tqdm
 
+from transformer_jax.errors import UserError
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_FILE = "ablation_row.json"
 LAUNCHERS = ("local", "subprocess", "print", "report", "slurm")
@@ -165,7 +167,7 @@ def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: 
   from transformer_jax.decode.translator import DecodeOptions
   from transformer_jax.model.info import parameter_counts
   from transformer_jax.tasks.registry import load_run
-  from transformer_jax.tasks.translation import evaluate_texts
+  from transformer_jax.tasks.translation import evaluate_texts, reference_sets
 
   metrics = read_metrics(workdir)
   dev = [r for r in metrics if r["split"] == "eval" and r["step"] == config.num_train_steps][-1]
@@ -179,7 +181,10 @@ def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: 
     if bleu_sentences > 0:
       sources, references = sources[:bleu_sentences], references[:bleu_sentences]
     options = DecodeOptions.from_config(config)
-    scores, _ = evaluate_texts(run, sources, references, options)
+    sets = reference_sets(data, data.eval_split)
+    if bleu_sentences > 0 and sets["tok_references"] is not None:
+      sets["tok_references"] = sets["tok_references"][:bleu_sentences]
+    scores, _ = evaluate_texts(run, sources, references, options, **sets)
     result.update(dev_bleu=scores[bleu_metric], scores=scores, bleu_split=data.eval_split)
   return result
 
@@ -200,6 +205,10 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
     raise ValueError(f"row names repeat: {[r.name for r in rows]}")
   if bleu_metric == "auto":
     bleu_metric = "tok_bleu" if base.data.dataset == "multi30k" else "paper_bleu"
+  tokenized_corpus = base.data.dataset == "multi30k" and base.data.variant == "tok"
+  if tokenized_corpus and bleu_metric in ("sacrebleu", "paper_bleu"):
+    raise UserError(f"--bleu={bleu_metric}: Multi30k tok/ is tokenized and lowercased, so "
+                    "cased detokenized BLEU does not apply; use --bleu=tok_bleu or chrf")
   sweep_dir.mkdir(parents=True, exist_ok=True)
   configs = {row.name: row_config(base, row) for row in rows}
   if launcher == "slurm" and slurm_task is None:
@@ -402,7 +411,6 @@ def main(argv: list[str]) -> None:
   from ml_collections import config_flags
 
   from transformer_jax.cli import common
-  from transformer_jax.errors import UserError
 
   if len(argv) > 1:
     raise UserError(f"unexpected arguments {argv[1:]}; use --rows=A1,B16 or --row=NAME:key=value")

@@ -72,7 +72,8 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   from transformer_jax.decode.translator import DecodeOptions
   from transformer_jax.errors import UserError
   from transformer_jax.tasks.registry import make_task
-  from transformer_jax.tasks.translation import evaluate_texts
+  from transformer_jax.metrics.bleu import summary
+  from transformer_jax.tasks.translation import evaluate_texts, reference_sets
   from transformer_jax.training.run_dir import read_config
 
   config = read_config(workdir)
@@ -102,11 +103,11 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   def score(name: str, split: str, options: DecodeOptions = options) -> dict:
     run = task.load_run(workdir, checkpoint_for(name))
     sources, references = data.texts(split)
-    scores, _ = evaluate_texts(run, sources, references, options)
+    scores, _ = evaluate_texts(run, sources, references, options, **reference_sets(data, split))
     scores.update(checkpoint=name, step=run.step, split=split, steps=averaged_steps[name],
                   beam_size=options.beam_size, alpha=options.alpha)
-    print(f"{name} on {split} (beam {options.beam_size}, alpha {options.alpha:g}): {metric} "
-          f"{scores[metric]:.2f}, sacreBLEU {scores['sacrebleu']:.2f}", flush=True)
+    print(f"{name} on {split} (beam {options.beam_size}, alpha {options.alpha:g}): "
+          f"{summary(scores)}", flush=True)
     return scores
 
   candidates = ["latest"] + [f"average_{count}" for count in sorted(set(counts)) if count > 1]
@@ -140,8 +141,8 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
   shutil.copyfile(Path(workdir) / "metrics.jsonl", out_dir / "metrics.jsonl")
   plot_curves(out_dir / "curves.png", {Path(workdir).name: metrics})
-  print(f"test ({test_split}, {chosen}): {metric} {test[metric]:.2f}, sacreBLEU "
-        f"{test['sacrebleu']:.2f}; wrote {out_dir}/result.json and curves.png")
+  print(f"test ({test_split}, {chosen}, chosen by {metric}): {summary(test)}; wrote "
+        f"{out_dir}/result.json and curves.png")
   return result
 
 

@@ -200,8 +200,8 @@ def test_perfect_output_scores_100():
                "weißen Zaun.",
                'Er sagt: "Das ist z.B. die E-Mail-Adresse usw."']
   scores = bleu.all_scores(sentences, sentences)
-  assert set(scores) == {"sacrebleu", "sacrebleu_signature", "paper_bleu",
-                         "tok_bleu", "chrf"}
+  assert set(scores) == {"sacrebleu", "sacrebleu_signature", "paper_bleu", "tok_bleu",
+                         "tok_bleu_references", "chrf", "references"}
   for key in ("sacrebleu", "paper_bleu", "tok_bleu", "chrf"):
     assert scores[key] == pytest.approx(100), key
   tok = [bleu._tok_lower(s, "de") for s in sentences]
@@ -223,3 +223,46 @@ def test_bad_inputs_raise_one_line_user_errors(scorer):
 def test_all_scores_checks_tok_references():
   with pytest.raises(UserError, match="2 hypotheses but 1 tok_references"):
     bleu.all_scores(["a", "b"], ["a", "b"], tok_references=["a"])
+
+
+def test_tokenized_references_get_no_sacrebleu_label():
+  """On lowercased tokenized references a "sacreBLEU" would be mislabelled: none is made."""
+  tok = ["ein mann mit einem orangefarbenen hut , der etwas anstarrt .",
+         "zwei hunde spielen im schnee ."]
+  hypotheses = ["ein mann mit einem hut , der etwas anstarrt .", "zwei hunde spielen ."]
+  scores = bleu.all_scores(hypotheses, tok, references_kind=bleu.REFERENCES_TOKENIZED)
+  assert set(scores) == {"tok_bleu", "tok_bleu_references", "chrf", "references"}
+  assert scores["tok_bleu"] == pytest.approx(bleu.tok_bleu(hypotheses, tok))
+  line = bleu.summary(scores)
+  assert line.startswith(f"tokenized-lowercase BLEU {scores['tok_bleu']:.2f}")
+  assert "sacreBLEU " not in line and "no sacreBLEU" in line
+  raw = bleu.summary(bleu.all_scores(hypotheses, tok))
+  assert raw.startswith("sacreBLEU ") and "tokenized-lowercase BLEU" in raw
+
+
+def _write_multi30k(folder, lines_by_lang, lower=False):
+  folder.mkdir(parents=True)
+  for split in ("train", "val", "test2016"):
+    for lang, lines in lines_by_lang.items():
+      text = "\n".join(l.lower() if lower else l for l in lines) + "\n"
+      (folder / f"{split}.{lang}").write_text(text, encoding="utf-8")
+
+
+def test_cased_multi30k_scores_tok_bleu_against_the_official_tok_files(tmp_path):
+  """A raw (cased) Multi30k run reads tok/ beside it for the literature's BLEU;
+  a tok/ run is marked tokenized, so it reports no sacreBLEU."""
+  from transformer_jax.data.pipeline import load_dataset
+
+  english = [f"A dog number {i} runs." for i in range(40)]
+  german = [f"Ein Hund Nummer {i} läuft." for i in range(40)]
+  _write_multi30k(tmp_path / "multi30k", {"en": english, "de": german})
+  _write_multi30k(tmp_path / "multi30k" / "tok",
+                  {"en": [bleu._tok_lower(l, "en") for l in english],
+                   "de": [bleu._tok_lower(l, "de") for l in german]})
+  common = dict(dataset="multi30k", data_dir=str(tmp_path), vocab_size=60, max_len=32)
+  raw = load_dataset(dict(common, variant="raw", prepared_dir=str(tmp_path / "raw")))
+  assert raw.references_kind == bleu.REFERENCES_RAW
+  assert raw.texts("test2016")[1][3] == "Ein Hund Nummer 3 läuft."
+  assert raw.tok_references("test2016")[3] == "ein hund nummer 3 läuft ."
+  tok = load_dataset(dict(common, variant="tok", prepared_dir=str(tmp_path / "tok")))
+  assert tok.references_kind == bleu.REFERENCES_TOKENIZED and tok.tok_references("val") is None

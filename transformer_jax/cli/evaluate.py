@@ -1,11 +1,16 @@
 """Translates a source file and scores it against references.
 
   python -m transformer_jax.evaluate --workdir=DIR --source=FILE --reference=FILE \
+      [--tok_reference=FILE] [--reference_kind=raw|tokenized] \
       [--checkpoint=latest|averaged|STEP] [--beam_size=4] [--alpha=0.6]
 
 Prints one JSON object (sacrebleu, paper_bleu, tok_bleu, chrf, sentences,
 decode_seconds, sentences_per_second) and writes the hypotheses beside the
 checkpoint folder as <workdir>/hypotheses/<source name>.<checkpoint>.txt.
+tok_bleu is scored against --tok_reference (the official tokenized, lowercased
+references, e.g. Multi30k tok/test2016.de) where given, else against
+--reference lowercased and Moses-tokenized. With --reference_kind=tokenized
+(references already tokenized and lowercased) only tok_bleu and chrf apply.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from absl import app, flags
 
 from transformer_jax.cli import common
 from transformer_jax.errors import UserError, exit_on_user_error
+from transformer_jax.metrics import bleu
 from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
 from transformer_jax.tasks.translation import evaluate_texts
 
@@ -39,9 +45,16 @@ def main(argv: list[str]) -> None:
   references = read_file(FLAGS.reference, "reference", FLAGS.replace_invalid_utf8)
   if len(sources) != len(references):
     raise UserError(f"--source has {len(sources)} lines but --reference has {len(references)}")
+  tok_references = None
+  if FLAGS.tok_reference:
+    tok_references = read_file(FLAGS.tok_reference, "tok_reference", FLAGS.replace_invalid_utf8)
+    if len(tok_references) != len(sources):
+      raise UserError(f"--source has {len(sources)} lines but --tok_reference has "
+                      f"{len(tok_references)}")
   options = common.decode_options()
   run = load_run(workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
-  scores, hypotheses = evaluate_texts(run, sources, references, options, FLAGS.tokens_per_batch)
+  scores, hypotheses = evaluate_texts(run, sources, references, options, FLAGS.tokens_per_batch,
+                                      tok_references, FLAGS.reference_kind)
   out_dir = os.path.join(os.path.abspath(workdir), "hypotheses")
   os.makedirs(out_dir, exist_ok=True)
   out_path = os.path.join(out_dir, f"{os.path.basename(FLAGS.source)}.{FLAGS.checkpoint}.txt")
@@ -57,6 +70,12 @@ def run() -> None:
   common.define_decode_flags()
   flags.DEFINE_string("source", None, "Source sentences, one per line.")
   flags.DEFINE_string("reference", None, "Reference translations, line-aligned.")
+  flags.DEFINE_string("tok_reference", None, "Optional official tokenized, lowercased "
+                      "references (Multi30k tok/) for tok_bleu, line-aligned.")
+  flags.DEFINE_enum("reference_kind", bleu.REFERENCES_RAW,
+                    [bleu.REFERENCES_RAW, bleu.REFERENCES_TOKENIZED],
+                    "raw: detokenized, cased references (every score); tokenized: already "
+                    "tokenized and lowercased (tok_bleu and chrf only).")
   app.run(main, flags_parser=common.parse_flags)
 
 

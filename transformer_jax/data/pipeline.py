@@ -13,6 +13,7 @@ Its throughput: `benchmarks/input_pipeline.py`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from absl import logging
@@ -21,12 +22,14 @@ import grain
 import numpy as np
 
 from transformer_jax.data import batching
+from transformer_jax.data import text_files
 from transformer_jax.data import builders
 from transformer_jax.data import tokenized
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.config import resolve_data_config
 from transformer_jax.data.corpus import resolve_corpus
 from transformer_jax.errors import UserError
+from transformer_jax.metrics import bleu
 
 
 class TranslationData:
@@ -42,7 +45,7 @@ class TranslationData:
                splits: dict[str, batching.TokenizedSplit],
                train: batching.TokenizedSplit, split_names: tuple,
                split_sizes: dict[str, int], reader, filtered: dict[str, int],
-               train_lines: np.ndarray):
+               train_lines: np.ndarray, tok_reference_reader=None):
     self.config = config
     self.tokenizer = tokenizer
     self._splits = splits  # Unfiltered eval/test splits.
@@ -52,6 +55,7 @@ class TranslationData:
     self.split_sizes = split_sizes
     self.filtered = filtered
     self._reader = reader  # split -> (source_texts, target_texts)
+    self._tok_reference_reader = tok_reference_reader  # split -> tokenized target texts
     self._texts: dict[str, tuple[list[str], list[str]]] = {}
     self._eval_plans: dict[tuple, list] = {}
 
@@ -69,6 +73,19 @@ class TranslationData:
     if split not in self._texts:
       self._texts[split] = self._reader(split)
     return self._texts[split]
+
+  @property
+  def references_kind(self) -> str:
+    """What the references are: bleu.REFERENCES_TOKENIZED on Multi30k `tok/`, else RAW."""
+    tokenized_corpus = self.config.dataset == "multi30k" and self.config.variant == "tok"
+    return bleu.REFERENCES_TOKENIZED if tokenized_corpus else bleu.REFERENCES_RAW
+
+  def tok_references(self, split: str) -> list[str] | None:
+    """The official tokenized, lowercased references of `split` (Multi30k raw with its
+    `tok/` folder beside it), for the literature's tokenized BLEU; None elsewhere."""
+    if self._tok_reference_reader is None:
+      return None
+    return self._tok_reference_reader(split)
 
   def bpe_dropout_split(self, epoch: int) -> batching.TokenizedSplit:
     """The training pairs with both sides segmented by BPE-dropout for `epoch`.
@@ -185,4 +202,15 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
     return eval_texts[split] if split in eval_texts else prepared.read(split)
 
   return TranslationData(cfg, tok, splits, train, tuple(names), sizes, reader, filtered,
-                         train_lines)
+                         train_lines, _tok_reference_reader(corpus))
+
+
+def _tok_reference_reader(corpus):
+  """split -> the Multi30k `tok/` target lines, where a raw corpus has that folder beside it."""
+  if corpus.name != "multi30k" or corpus.variant != "raw" or not corpus.manual_dir:
+    return None
+  folder = Path(corpus.manual_dir) / "tok"
+  if not all((folder / name).is_file() for name in text_files.multi30k_file_names()):
+    return None
+  return lambda split: text_files.read_multi30k(
+      folder, split, corpus.source_feature, corpus.target_feature, corpus.errors)[1]

@@ -169,29 +169,53 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
   return float(metric.corpus_score(list(hypotheses), [list(references)]).score)
 
 
+REFERENCES_RAW = "raw"              # Detokenized, cased: every score applies.
+REFERENCES_TOKENIZED = "tokenized"  # Tokenized, lowercased (Multi30k tok/): tok_bleu, chrf only.
+
+
 def all_scores(hypotheses: Sequence[str], references: Sequence[str],
-               tok_references: Sequence[str] | None = None) -> dict[str, Any]:
-  """Every score above, in one dict.
+               tok_references: Sequence[str] | None = None,
+               references_kind: str = REFERENCES_RAW) -> dict[str, Any]:
+  """Every score that applies to the references, in one dict.
 
   Args:
-    hypotheses: detokenized, cased model output, one sentence per item.
-    references: detokenized, cased references, aligned with `hypotheses`.
-    tok_references: optional tokenized, lowercased references (Multi30k
-      ``tok/``) for ``tok_bleu``; `references` are used when omitted.
+    hypotheses: model output, one sentence per item.
+    references: the references, aligned with `hypotheses`.
+    tok_references: optional official tokenized, lowercased references
+      (Multi30k ``tok/``) for ``tok_bleu``; without them `references` are
+      lowercased and Moses-tokenized.
+    references_kind: REFERENCES_RAW, or REFERENCES_TOKENIZED where the
+      references (and so the model's output) are already tokenized and
+      lowercased: then sacreBLEU and the paper's cased BLEU do not apply and
+      are left out rather than computed on the wrong text.
 
   Returns:
-    {"sacrebleu": float, "sacrebleu_signature": str, "paper_bleu": float,
-     "tok_bleu": float, "chrf": float}.
+    {"tok_bleu", "chrf", "references", "tok_bleu_references"}, plus
+    {"sacrebleu", "sacrebleu_signature", "paper_bleu"} on raw references.
   """
   _check(hypotheses, references)
   if tok_references is not None:
     _check(hypotheses, tok_references, "tok_references")
-  score, signature = sacre_bleu(hypotheses, references)
-  return {
-      "sacrebleu": score,
-      "sacrebleu_signature": signature,
-      "paper_bleu": paper_bleu(hypotheses, references),
-      "tok_bleu": tok_bleu(hypotheses, tok_references
-                           if tok_references is not None else references),
-      "chrf": chrf(hypotheses, references),
-  }
+  if references_kind not in (REFERENCES_RAW, REFERENCES_TOKENIZED):
+    raise ValueError(f"references_kind={references_kind!r}")
+  scores: dict[str, Any] = {"references": references_kind}
+  if references_kind == REFERENCES_RAW:
+    score, signature = sacre_bleu(hypotheses, references)
+    scores.update(sacrebleu=score, sacrebleu_signature=signature,
+                  paper_bleu=paper_bleu(hypotheses, references))
+  scores.update(
+      tok_bleu=tok_bleu(hypotheses, tok_references if tok_references is not None else references),
+      tok_bleu_references=("the official tokenized references" if tok_references is not None
+                           else f"the {references_kind} references, lowercased and tokenized"),
+      chrf=chrf(hypotheses, references))
+  return scores
+
+
+def summary(scores: dict[str, Any]) -> str:
+  """The scores of `all_scores` in one line, each under its own name."""
+  if "sacrebleu" in scores:
+    return (f"sacreBLEU {scores['sacrebleu']:.2f}, tokenized-lowercase BLEU "
+            f"{scores['tok_bleu']:.2f}, paper BLEU (cased, compound-split) "
+            f"{scores['paper_bleu']:.2f}, chrF {scores['chrf']:.2f}")
+  return (f"tokenized-lowercase BLEU {scores['tok_bleu']:.2f}, chrF {scores['chrf']:.2f} "
+          "(the references are tokenized and lowercased: no sacreBLEU)")

@@ -13,8 +13,9 @@ import ml_collections
 from flax import linen as nn
 from jax.sharding import Mesh
 
+from transformer_jax.data.pipeline import TranslationData
 from transformer_jax.decode.translator import DecodeOptions, Translator, translate_lines, translate_texts
-from transformer_jax.metrics.bleu import all_scores, sacre_bleu
+from transformer_jax.metrics import bleu
 from transformer_jax.model.transformer import Transformer, shift_right
 from transformer_jax.tasks.corpus import CorpusTask
 from transformer_jax.training.losses import loss_sums
@@ -77,7 +78,8 @@ class TranslationTask(CorpusTask):
     return dev
 
   def dev_bleu(self, model: nn.Module, params: Any, mesh: Mesh) -> float:
-    """sacreBLEU of the first `config.eval_bleu_sentences` dev sentences."""
+    """BLEU of the first `config.eval_bleu_sentences` dev sentences: sacreBLEU, or the
+    tokenized-lowercase BLEU where the corpus is tokenized and lowercased."""
     if self._translator is None:
       self._translator = Translator(model, params, mesh, DecodeOptions.from_config(self.config))
     self._translator.params = params  # The jitted search takes params as an argument: no recompile.
@@ -85,7 +87,9 @@ class TranslationTask(CorpusTask):
     count = self.config.eval_bleu_sentences
     hypotheses = translate_texts(self._translator, self.data.tokenizer, sources[:count],
                                  self.config.model.max_len)
-    return sacre_bleu(hypotheses, references[:count])[0]
+    if self.data.references_kind == bleu.REFERENCES_TOKENIZED:
+      return bleu.tok_bleu(hypotheses, references[:count])
+    return bleu.sacre_bleu(hypotheses, references[:count])[0]
 
   def final_report(self, workdir: str, split: str | None = None) -> dict | None:
     """Decodes a split of the run's dataset with the §6.1 recipe and prints BLEU.
@@ -105,28 +109,38 @@ class TranslationTask(CorpusTask):
     run = self.load_run(workdir, "averaged" if averaged_steps else "latest")
     checkpoint = (f"the average of steps {', '.join(map(str, averaged_steps))}"
                   if averaged_steps else f"step {run.step}")
-    scores, hypotheses = evaluate_texts(run, sources, references, DecodeOptions.from_config(config))
+    scores, hypotheses = evaluate_texts(run, sources, references, DecodeOptions.from_config(config),
+                                        **reference_sets(self.data, split))
     examples = list(zip(sources, hypotheses, references))[: config.final_eval_examples]
     for source, hypothesis, reference in examples:
       print(f"source:     {source}\ntranslated: {hypothesis}\nreference:  {reference}\n")
     print(f"BLEU on {split} ({len(sources)} sentences, {checkpoint}, beam {config.beam_size}, α "
-          f"{config.length_penalty}): sacreBLEU {scores['sacrebleu']:.2f}, tokenized BLEU "
-          f"{scores['paper_bleu']:.2f}, chrF {scores['chrf']:.2f}")
-    print(f"sacreBLEU signature: {scores['sacrebleu_signature']}")
+          f"{config.length_penalty}): {bleu.summary(scores)}")
+    if "sacrebleu_signature" in scores:
+      print(f"sacreBLEU signature: {scores['sacrebleu_signature']}")
     scores.update(checkpoint_step=run.step, averaged_steps=averaged_steps)
     with open(os.path.join(workdir, f"final_{split}.json"), "w") as f:
       json.dump(scores, f, indent=2)
     return scores
 
 
+def reference_sets(data: TranslationData, split: str) -> dict:
+  """`evaluate_texts`' keywords saying what `split`'s references are (which scores apply)."""
+  return dict(tok_references=data.tok_references(split), references_kind=data.references_kind)
+
+
 def evaluate_texts(run: LoadedRun, sources: Sequence[str], references: Sequence[str],
                    options: DecodeOptions, tokens_per_batch: int = 4096,
-                   tok_references: Sequence[str] | None = None) -> tuple[dict, list[str]]:
-  """Decodes `sources` with a loaded run and scores them: (scores, hypotheses)."""
+                   tok_references: Sequence[str] | None = None,
+                   references_kind: str = bleu.REFERENCES_RAW) -> tuple[dict, list[str]]:
+  """Decodes `sources` with a loaded run and scores them: (scores, hypotheses).
+
+  `tok_references` and `references_kind` are `bleu.all_scores`' (which scores apply).
+  """
   started = time.time()
   hypotheses = translate_lines(run, list(sources), options, tokens_per_batch)
   seconds = time.time() - started
-  scores = all_scores(hypotheses, list(references), tok_references)
+  scores = bleu.all_scores(hypotheses, list(references), tok_references, references_kind)
   scores.update(sentences=len(sources), decode_seconds=round(seconds, 3),
                 sentences_per_second=round(len(sources) / max(seconds, 1e-9), 3),
                 decoding=decoding_settings(options))
