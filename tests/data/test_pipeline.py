@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import numpy as np
@@ -153,14 +152,6 @@ def test_config_errors(tmp_path, monkeypatch):
       "train_split", "eval_split", "test_split", "plain_text", "num_generated_train",
       "seed", "vocab_size", "tokenizer_type", "max_len", "tokens_per_batch",
       "bucket_boundaries", "pack", "replace_invalid_utf8"}
-
-
-@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None,
-                    reason="TensorFlow is installed: wmt14 would try to download")
-def test_wmt14_without_tensorflow_is_a_user_error(tmp_path):
-  with pytest.raises(UserError, match="needs TensorFlow and the internet") as e:
-    pipeline.load_dataset({"dataset": "wmt14", "prepared_dir": str(tmp_path)})
-  assert "\n" not in str(e.value)
 
 
 def test_newstest_as_plain_text(data_dir, cache_dir):
