@@ -144,6 +144,20 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
         f"| {when(r)} | {kind(r)} | {r['config']} | {r['dataset']} | {r['pack']} "
         f"| {r['tokens_per_batch']:,} | {r['batches_per_s']:,.1f} | {r['tokens_per_s']:,.0f} "
         f"| {r['padding_fraction']:.3f} | {load(r)} | {r.get('note', '')} |")
+  lines += ["", "### Data path at scale (`data_scale.py`)", "",
+            "Seconds and peak RSS of each stage at the run's size; in brackets, the growth "
+            "from a tenth of it (10× is linear); then the extrapolation to `extrapolate_to` "
+            "pairs on the line through the two sizes.", "",
+            "| date | device | pairs | vocab | stage | seconds | peak GiB | growth for 10× "
+            "| extrapolated min | extrapolated GiB | load | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in (r for r in runs if r["mode"] == "data_scale"):
+    for stage, s in r["stages"].items():
+      lines.append(
+          f"| {when(r)} | {kind(r)} | {r['pairs']:,} | {r['vocab_size']:,} | {stage} "
+          f"| {s['seconds']:,.1f} | {s['peak_rss_bytes'] / 2**30:.2f} | {s['growth_for_10x']:.1f}× "
+          f"| {s['extrapolated_seconds'] / 60:,.0f} at {r['extrapolate_to']:,} "
+          f"| {s['extrapolated_peak_rss_bytes'] / 2**30:.1f} | {load(r)} | {r.get('note', '')} |")
   summary.parent.mkdir(parents=True, exist_ok=True)
   summary.write_text("\n".join(lines) + "\n")
 

@@ -84,3 +84,18 @@ def test_attention_and_input_pipeline_benchmarks_end_in_json(tmp_path):
   summary = (tmp_path / "README.md").read_text()
   assert "### Attention against sequence length" in summary
   assert "### Input pipeline" in summary
+
+
+def test_data_scale_benchmark_times_every_stage(tmp_path, data_dir):
+  """Two sizes, each stage in its own process, and a linear extrapolation."""
+  row = run_benchmark(tmp_path, "data_scale.py", "--pairs=3000", "--data_vocab_size=300",
+                      "--data_tokens_per_batch=2048", f"--work_dir={tmp_path / 'work'}",
+                      f"--data_dir={data_dir}",
+                      "--extrapolate_to=30000", "--json")
+  assert list(row["stages"]) == ["prepare", "tokenizer", "tokenize", "plan", "load"]
+  assert row["small"]["pairs"] == 300 and row["full"]["pairs"] == 3000
+  for stage in row["stages"].values():
+    assert stage["seconds"] >= 0 and stage["peak_rss_bytes"] > 2**20
+  assert row["tokens"] > 2 * 3000 and row["batches_per_epoch"] > 1
+  assert not (tmp_path / "work").exists(), "the scratch corpus is deleted"
+  assert "### Data path at scale" in (tmp_path / "README.md").read_text()

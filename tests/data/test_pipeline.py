@@ -205,3 +205,19 @@ def test_bpe_dropout_config_errors(small_generated):
     pipeline.load_dataset({**cfg, "bpe_dropout": 1.0})
   with pytest.raises(UserError, match="needs data.tokenizer_type='bpe', not 'unigram'"):
     pipeline.load_dataset({**cfg, "bpe_dropout": 0.1, "tokenizer_type": "unigram"})
+
+
+def test_chunked_encoding_equals_encoding_all_at_once(tmp_path):
+  from transformer_jax.data import batching, tokenized
+  from transformer_jax.data.tokenizer import train_tokenizer
+
+  lines = [f"Ein Hund Nummer {i} läuft über die Wiese." for i in range(50)] + [""]
+  tok = train_tokenizer(lines * 4, 60, "bpe", tmp_path / "t.model")
+  want_flat, want_offsets = batching.ragged(tok.encode_batch(lines))
+  for chunk in (1, 7, 50, 51, 1000):
+    flat, offsets = tokenized.encode_ragged(tok, lines, chunk=chunk)
+    np.testing.assert_array_equal(flat, want_flat)
+    np.testing.assert_array_equal(offsets, want_offsets)
+    assert flat.dtype == want_flat.dtype and offsets.dtype == want_offsets.dtype
+  flat, offsets = tokenized.encode_ragged(tok, [])
+  assert flat.shape == (0,) and offsets.tolist() == [0]
