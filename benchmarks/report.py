@@ -26,11 +26,13 @@ def precision_label(model: Result) -> str:
 
 
 def reference_dtype(reference: Result | None) -> str:
-  """The reference's precision for the summary: "f32", "bf16 autocast" or ""."""
+  """The reference's precision for the summary: "f32", "bf16 autocast" or "", and
+  ", torch.compile" where it ran compiled."""
   if not reference or "dtype" not in reference:
     return ""
   dtype = reference["dtype"]
-  return _SHORT_DTYPES.get(dtype, dtype) + (" autocast" if dtype == "bfloat16" else "")
+  return (_SHORT_DTYPES.get(dtype, dtype) + (" autocast" if dtype == "bfloat16" else "")
+          + (", torch.compile" if reference.get("torch_compile") else ""))
 
 
 def format_number(value: Any) -> str:
@@ -144,6 +146,20 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
         f"| {when(r)} | {kind(r)} | {r['config']} | {r['dataset']} | {r['pack']} "
         f"| {r['tokens_per_batch']:,} | {r['batches_per_s']:,.1f} | {r['tokens_per_s']:,.0f} "
         f"| {r['padding_fraction']:.3f} | {load(r)} | {r.get('note', '')} |")
+  lines += ["", "### A trained run on a real test set against CTranslate2 (`translate_real.py`)", "",
+            "Sentences a second over the whole file (median of the paired rounds) and each "
+            "engine's BLEU on it; the same exported weights, beam and length limit.", "",
+            "| date | device | run | sentences | beam | engine | sentences/s | ours over it "
+            "| sacreBLEU | tok-lc BLEU | load | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in (r for r in runs if r["mode"] == "translate_real"):
+    ours = r["engines"]["jax"]["sentences_per_s"]
+    for name, e in r["engines"].items():
+      lines.append(
+          f"| {when(r)} | {kind(r)} | {r['workdir']} ({r['checkpoint']}, step {r['step']}) "
+          f"| {r['sentences']:,} {r['source']} | {r['beam_size']} | {name} "
+          f"| {e['sentences_per_s']:,.1f} | {ratio(ours / e['sentences_per_s']) if name != 'jax' else ''} "
+          f"| {e['sacrebleu']:.2f} | {e['tok_bleu']:.2f} | {load(r)} | {r.get('note', '')} |")
   lines += ["", "### Data path at scale (`data_scale.py`)", "",
             "Seconds and peak RSS of each stage at the run's size; in brackets, the growth "
             "from a tenth of it (10× is linear); then the extrapolation to `extrapolate_to` "

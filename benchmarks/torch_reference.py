@@ -107,6 +107,7 @@ def make_train_step(args: argparse.Namespace) -> tuple[Callable[[], float], dict
                            max_len=max(args.src_len, args.tgt_len))
   model.train()
   optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+  forward = torch.compile(model) if args.compile else model  # Inductor; compiles at the first call.
   warmup = 4000
   schedule = torch.optim.lr_scheduler.LambdaLR(  # §5.3.
       optimizer, lambda n: args.d_model**-0.5 * min((n + 1) ** -0.5, (n + 1) * warmup**-1.5))
@@ -118,7 +119,7 @@ def make_train_step(args: argparse.Namespace) -> tuple[Callable[[], float], dict
   def step():
     optimizer.zero_grad(set_to_none=True)
     with autocast(args.dtype):
-      logits = model(src, target_inputs)
+      logits = forward(src, target_inputs)
     tokens = (targets != PAD_ID).sum()
     loss = F.cross_entropy(logits.float().reshape(-1, args.vocab_size), targets.reshape(-1),
                            ignore_index=PAD_ID, label_smoothing=0.1, reduction="sum") / tokens
@@ -127,7 +128,9 @@ def make_train_step(args: argparse.Namespace) -> tuple[Callable[[], float], dict
     schedule.step()
     return float(loss.detach())
 
-  info = dict(reference="torch.nn.Transformer layers", torch=torch.__version__,
+  info = dict(reference="torch.nn.Transformer layers" + (" under torch.compile (inductor)"
+                                                        if args.compile else ""),
+              torch_compile=bool(args.compile), torch=torch.__version__,
               threads=torch.get_num_threads(), dtype=args.dtype,
               params=sum(p.numel() for p in model.parameters()))
   return step, info
@@ -239,6 +242,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(f"--{name}", type=int, default=default)
   parser.add_argument("--dropout", type=float, default=0.1)
   parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+  parser.add_argument("--compile", action="store_true",
+                      help="train: the model under torch.compile (inductor); the first step, "
+                      "which compiles, is reported apart (first_step_s).")
   parser.add_argument("--json", action="store_true", help="Print one JSON object last.")
   return parser.parse_args(argv)
 

@@ -29,6 +29,8 @@ flags.DEFINE_integer("tgt_len", 32, "Target tokens per sentence (no padding).")
 flags.DEFINE_integer("steps", 10, "Timed steps after warm-up; the median is reported.")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compiling.")
 flags.DEFINE_enum("compare", "", ["", "torch"], "torch: the same step in torch.nn.Transformer layers.")
+flags.DEFINE_bool("torch_compile", False, "--compare=torch: the reference under torch.compile "
+                  "(inductor); its compile time (the first step) is reported apart.")
 flags.DEFINE_integer("peak_matmul_size", 0, "n of the n×n matmul timed for the peak; 0: auto.")
 flags.DEFINE_string("prng_impl", "", "jax_default_prng_impl for dropout (e.g. rbg); '' keeps.")
 
@@ -108,9 +110,12 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
     paired = None
     if FLAGS.compare == "torch" and FLAGS.compare_mode == "paired":
       reference = common.Reference(["train", *common.reference_args(model_config),
-                                    f"--tgt_len={FLAGS.tgt_len}"])
+                                    f"--tgt_len={FLAGS.tgt_len}", *torch_compile_args()])
       torch_step, info = reference.module.make_train_step(reference.args)
-      for _ in range(FLAGS.warmup):
+      start = time.perf_counter()
+      torch_step()  # Under --torch_compile this compiles.
+      info["first_step_s"] = time.perf_counter() - start
+      for _ in range(FLAGS.warmup - 1):
         torch_step()
       solo_times = times
       times, torch_times = alternate(step, torch_step, FLAGS.steps)
@@ -153,9 +158,14 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   return result, table(result)
 
 
+def torch_compile_args() -> list[str]:
+  return ["--compile"] if FLAGS.torch_compile else []
+
+
 def compare_torch(result: Result, model_config, paired: Result | None) -> None:
   reference = paired or common.run_reference(
       ["train", *common.reference_args(model_config), f"--tgt_len={FLAGS.tgt_len}",
+       *torch_compile_args(),
        f"--steps={FLAGS.steps}", f"--warmup={FLAGS.warmup}"])
   reference.setdefault("compare_mode", "separate")
   result["torch"] = reference

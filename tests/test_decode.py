@@ -146,6 +146,27 @@ def test_translator_handles_batches_the_device_count_does_not_divide(model_and_p
   assert (lengths <= (src != 0).sum(-1) + 50).all()
 
 
+def test_a_new_translator_of_the_same_model_compiles_nothing(model_and_params):
+  """Reloaded or averaged checkpoints (new params, same architecture) reuse the compiled
+  search: only a new architecture, option or mesh traces again."""
+  model, params = model_and_params
+  mesh = sharding.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+  options = translator.DecodeOptions(method="greedy")
+  first = translator.Translator(model, params, mesh, options)
+  src = np.asarray(SRC)
+  out = first(src)
+  compiled = translator._jitted_decode.cache_info().currsize
+  shifted = jax.tree.map(lambda p: p * 0.5, params)
+  again = translator.Translator(Transformer(model.config), shifted, mesh, options)
+  assert again._function(src.shape[1]) is first._function(src.shape[1])
+  assert translator._jitted_decode.cache_info().currsize == compiled
+  want = translator.decode_batch(model, shifted, SRC, options, src.shape[1] + 50)
+  np.testing.assert_array_equal(again(src), np.asarray(want))  # Its own params, not first's.
+  np.testing.assert_array_equal(first(src), out)
+  beam = translator.Translator(model, params, mesh, translator.DecodeOptions(method="beam"))
+  assert beam._function(src.shape[1]) is not first._function(src.shape[1])
+
+
 def test_bad_decode_options_are_one_line_errors():
   from transformer_jax.errors import UserError
 

@@ -10,6 +10,7 @@ default: beam 4, α = 0.6, at most input length + 50 tokens).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from typing import Any, Iterator, Sequence
@@ -160,7 +161,6 @@ class Translator:
 
   def __init__(self, model: Transformer | DecoderOnly, params, mesh, options: DecodeOptions):
     self.model, self.params, self.mesh, self.options = model, params, mesh, options
-    self._jitted = {}
 
   def max_decode_len(self, src_len: int) -> int:
     length = src_len + self.options.max_extra_len
@@ -195,14 +195,20 @@ class Translator:
     return padded
 
   def _function(self, src_len: int):
-    max_len = self.max_decode_len(src_len)
-    if max_len not in self._jitted:
-      self._jitted[max_len] = jax.jit(
-          lambda params, src, rng: decode_batch(self.model, params, src, self.options, max_len, rng),
-          in_shardings=(None, sharding.batch_sharding(self.mesh), None),
-          out_shardings=sharding.batch_sharding(self.mesh),
-      )
-    return self._jitted[max_len]
+    return _jitted_decode(self.model, self.options, self.mesh, self.max_decode_len(src_len))
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted_decode(model: Transformer | DecoderOnly, options: DecodeOptions, mesh,
+                   max_len: int):
+  """One jitted search per (architecture, options, mesh, output length), shared by every
+  Translator: params are an argument, so a reloaded or averaged checkpoint of the same
+  model (report_run's candidates, a benchmark's rounds) reuses every compiled shape."""
+  return jax.jit(
+      lambda params, src, rng: decode_batch(model, params, src, options, max_len, rng),
+      in_shardings=(None, sharding.batch_sharding(mesh), None),
+      out_shardings=sharding.batch_sharding(mesh),
+  )
 
 
 def translate_texts(

@@ -1,0 +1,114 @@
+"""A trained run translating a real test set: `translate` against CTranslate2 on its export.
+
+  TRANSFORMER_JAX_DATA_DIR=../shared/data python benchmarks/translate_real.py \
+      --workdir=runs/multi30k --checkpoint=averaged \
+      --source=../shared/data/multi30k/test2016.en --reference=../shared/data/multi30k/test2016.de \
+      --beam_size=4 --json
+
+The comparison a user makes before deploying: the same weights (exported with
+`transformer_jax.export`, float32 and int8), the same source sentences in file
+order, the same beam size and length limit (source + `--max_extra_len` tokens),
+each engine batching as it does by default (`translate_lines`: length-sorted
+batches of --tokens_per_batch; CTranslate2: `max_batch_size=--ct2_batch_size`,
+sorted by length). Untimed warm-up first (our compiles), then --repeats rounds
+in the order ours, theirs..., theirs..., ours, so drift in the host's load falls
+on both. The length penalties differ in form (ours GNMT's ((5+|y|)/6)^α,
+CTranslate2's |y|^α), so each engine's BLEU is printed beside its speed.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+from absl import flags
+
+import common
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A trained encoder-decoder run.")
+flags.DEFINE_string("checkpoint", "averaged", "latest, averaged or a step.")
+flags.DEFINE_string("source", None, "Source sentences, one a line.")
+flags.DEFINE_string("reference", None, "References, line-aligned (for BLEU).")
+flags.DEFINE_integer("beam_size", 4, "Beam size (1: greedy) for both engines.")
+flags.DEFINE_float("alpha", 0.6, "Length penalty α, each engine's own form.")
+flags.DEFINE_integer("max_extra_len", 50, "Output may be this much longer than the input.")
+flags.DEFINE_integer("tokens_per_batch", 4096, "Our batches' source tokens.")
+flags.DEFINE_integer("ct2_batch_size", 64, "CTranslate2's max_batch_size (sentences).")
+flags.DEFINE_list("ct2_compute_types", ["float32", "int8"], "CTranslate2 compute types.")
+flags.DEFINE_integer("repeats", 2, "Timed rounds.")
+
+Result = common.Result
+
+
+def measure() -> tuple[Result, list[tuple[str, str]]]:
+  import ctranslate2
+
+  from transformer_jax.decode.translator import DecodeOptions, translate_lines
+  from transformer_jax.interop.ctranslate2_export import export_ctranslate2
+  from transformer_jax.metrics.bleu import sacre_bleu, tok_bleu
+  from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
+
+  run = load_run(FLAGS.workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
+  with open(FLAGS.source, encoding="utf-8") as f:
+    sources = f.read().splitlines()
+  with open(FLAGS.reference, encoding="utf-8") as f:
+    references = f.read().splitlines()
+  options = DecodeOptions(method="beam" if FLAGS.beam_size > 1 else "greedy",
+                          beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
+                          max_extra_len=FLAGS.max_extra_len)
+  directory = tempfile.mkdtemp(prefix="ct2_real_")
+  export_ctranslate2(run, directory)
+  engines = {compute_type: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                                  intra_threads=os.cpu_count() or 1)
+             for compute_type in FLAGS.ct2_compute_types}
+  pieces = [[run.tokenizer.id_to_piece(i) for i in run.tokenizer.encode(text)[:-1]]
+            for text in sources]  # CTranslate2 appends </s> itself.
+  piece_ids = {run.tokenizer.id_to_piece(i): i for i in range(run.tokenizer.vocab_size)}
+
+  def ours() -> list[str]:
+    return translate_lines(run, sources, options, FLAGS.tokens_per_batch)
+
+  def theirs(engine) -> list[str]:
+    results = engine.translate_batch(
+        pieces, beam_size=FLAGS.beam_size, length_penalty=FLAGS.alpha,
+        max_decoding_length=max(map(len, pieces)) + 1 + FLAGS.max_extra_len,
+        max_batch_size=FLAGS.ct2_batch_size, suppress_sequences=[["<pad>"], ["<s>"]])
+    return [run.tokenizer.decode([piece_ids[p] for p in r.hypotheses[0]]) for r in results]
+
+  calls = {"jax": ours, **{f"ct2_{t}": (lambda e=e: theirs(e)) for t, e in engines.items()}}
+  outputs = {name: call() for name, call in calls.items()}  # Warm-up: compiles, caches.
+  seconds: dict[str, list[float]] = {name: [] for name in calls}
+  names = list(calls)
+  for round_index in range(FLAGS.repeats):
+    for name in names if round_index % 2 == 0 else names[::-1]:
+      start = time.perf_counter()
+      outputs[name] = calls[name]()
+      seconds[name].append(time.perf_counter() - start)
+  engines_result = {}
+  for name in names:
+    median = statistics.median(seconds[name])
+    engines_result[name] = dict(
+        seconds=seconds[name], sentences_per_s=len(sources) / median,
+        sacrebleu=sacre_bleu(outputs[name], references)[0],
+        tok_bleu=tok_bleu(outputs[name], references))
+  ours_speed = engines_result["jax"]["sentences_per_s"]
+  for name in names[1:]:
+    engines_result["jax"][f"jax_over_{name}"] = ours_speed / engines_result[name]["sentences_per_s"]
+  result = dict(mode="translate_real", workdir=os.path.basename(os.path.abspath(FLAGS.workdir)),
+                checkpoint=FLAGS.checkpoint, step=run.step, sentences=len(sources),
+                source=os.path.basename(FLAGS.source), beam_size=FLAGS.beam_size,
+                alpha=FLAGS.alpha, max_extra_len=FLAGS.max_extra_len,
+                ctranslate2_version=ctranslate2.__version__, engines=engines_result,
+                compare_mode="paired")
+  table = [(name, f"{r['sentences_per_s']:.1f} sentences/s (median of {FLAGS.repeats}), "
+                  f"sacreBLEU {r['sacrebleu']:.2f}, tok-lc BLEU {r['tok_bleu']:.2f}"
+                  + (f"; ours is {ours_speed / r['sentences_per_s']:.2f}x" if name != "jax" else ""))
+           for name, r in engines_result.items()]
+  return result, table
+
+
+if __name__ == "__main__":
+  common.main(measure)
