@@ -27,9 +27,10 @@ float32 accumulation where the CPU has native bf16 (float32 elsewhere), the aver
 
 chooses the checkpoint average, beam size and α on val and decodes test2016 once.
 
-On the tok/ variant these settings (recipe v7) reached test2016
-tokenized-lowercase BLEU 40.45 (val 42.26) after 52 minutes of training on 2
-idle Zen 5 EPYC cores (2026-12-02). On slower CPUs fewer
+Cased (recipe v13, 2026-12-04): test2016 sacreBLEU 39.73, tokenized-lowercase
+BLEU 40.07 after the 2,018 steps that fit 60 minutes on 2 AVX2-only EPYC cores
+(float32). On the tok/ variant these settings (v7) reached tokenized-lowercase
+BLEU 40.45 after 3,800 steps (52 minutes) on 2 Zen 5 EPYC cores (2026-12-02). On slower CPUs fewer
 steps fit the hour (`--config.num_train_steps=2900`). Every run, host and
 earlier recipe: results/multi30k/README.md.
 """
