@@ -37,6 +37,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,83 @@ def table3_rows(names: list[str], scale: str, base_steps: int) -> list[Row]:
   """Table 3's rows by name, scaled to `scale` with steps relative to `base_steps`."""
   table3 = load_table3()
   return [Row(name, table3.row_overrides(name, scale, base_steps)) for name in names]
+
+
+SEED_SUFFIX = "_seed"
+
+
+def with_seeds(rows: list[Row], seeds: int) -> list[Row]:
+  """Each row once per seed 0..seeds-1 (`NAME_seedS`: parameter init, dropout and data
+  order all follow S); `seeds` 1 keeps the rows as they are."""
+  if seeds < 1:
+    raise ValueError(f"--seeds={seeds} must be at least 1")
+  if seeds == 1:
+    return rows
+  return [Row(f"{row.name}{SEED_SUFFIX}{seed}", {**row.overrides, "seed": seed, "data.seed": seed})
+          for row in rows for seed in range(seeds)]
+
+
+def seed_groups(rows: list[Row]) -> dict[str, list[str]]:
+  """{row name: [its seeded row names]}, in the rows' order."""
+  groups: dict[str, list[str]] = {}
+  for row in rows:
+    name, sep, seed = row.name.rpartition(SEED_SUFFIX)
+    groups.setdefault(name if sep and seed.isdigit() else row.name, []).append(row.name)
+  return groups
+
+
+def direction(ours: tuple[float, float, int], base: tuple[float, float, int],
+              paper_difference: float | None) -> str:
+  """Whether a row's mean moved from the base row's the way the paper's did.
+
+  `ours` and `base` are (mean, standard deviation, number of seeds). The difference of
+  the means is compared with two standard errors of that difference: beyond them it
+  "agrees" or "disagrees" with the sign of the paper's difference; inside, "within noise".
+  """
+  if paper_difference is None:
+    return "no paper figure"
+  (mean, std, n), (base_mean, base_std, base_n) = ours, base
+  difference = mean - base_mean
+  noise = 2 * math.sqrt(std**2 / n + base_std**2 / base_n)
+  if abs(difference) <= noise or paper_difference == 0:
+    return f"within noise ({difference:+.2f}, 2σ {noise:.2f})"
+  agrees = (difference > 0) == (paper_difference > 0)
+  return f"{'agrees' if agrees else 'disagrees'} ({difference:+.2f}, 2σ {noise:.2f})"
+
+
+def format_seed_table(rows: list[Row], results: dict, base_name: str = "base") -> str:
+  """Per row, dev PPL and BLEU as mean ± std over its seeds, the paper's direction from the
+  base row, and whether ours agrees beyond two standard errors; "" without seeded rows."""
+  groups = seed_groups(rows)
+  if all(len(names) == 1 for names in groups.values()):
+    return ""
+  paper = load_table3().PAPER
+
+  def stats(name: str, key: str) -> tuple[float, float, int] | None:
+    values = [results[n][key] for n in groups[name] if n in results and results[n][key] is not None]
+    if len(values) < 2:
+      return None
+    return statistics.mean(values), statistics.stdev(values), len(values)
+
+  lines = ["| row | seeds done | dev PPL | dev BLEU | paper PPL, BLEU | PPL against base | "
+           "BLEU against base |", "|" + " --- |" * 7]
+  for name, names in groups.items():
+    done = sum(n in results for n in names)
+    cells = [name, f"{done} of {len(names)}"]
+    for key in ("dev_perplexity", "dev_bleu"):
+      mine = stats(name, key)
+      cells.append(f"{mine[0]:.2f} ± {mine[1]:.2f}" if mine else "")
+    cells.append(", ".join(f"{v:g}" for v in paper[name][:2]) if name in paper else "")
+    for key, column in (("dev_perplexity", 0), ("dev_bleu", 1)):
+      mine, base = stats(name, key), stats(base_name, key)
+      if name == base_name or mine is None or base is None:
+        cells.append("")
+        continue
+      paper_difference = (paper[name][column] - paper[base_name][column]
+                          if name in paper and base_name in paper else None)
+      cells.append(direction(mine, base, paper_difference))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n"
 
 
 def row_config(base: ml_collections.ConfigDict, row: Row) -> ml_collections.ConfigDict:
@@ -347,6 +425,12 @@ def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
           f"{note}dev PPL is per token of the model's vocabulary, from training's last "
           f"evaluation; {len(done)} of {len(rows)} rows finished. Paper columns: Table 3 "
           "(WMT14 newstest2013, 100K steps).\n")
+  seeded = format_seed_table(rows, results)
+  if seeded:
+    text += ("\n## Over seeds\n\nMean ± sample standard deviation over each row's seeds "
+             f"(dev BLEU: {bleu_metric}). Against base: our mean minus base's, against two "
+             "standard errors of that difference (2σ); beyond them the sign agrees or disagrees "
+             "with the paper's (its row minus its base); inside, within noise.\n\n" + seeded)
   # Written whole and renamed: the tasks of a SLURM array write it at once.
   partial = sweep_dir / f"table.md.{os.getpid()}.tmp"
   partial.write_text(text)
@@ -395,6 +479,8 @@ def define_flags() -> None:
 
   flags.DEFINE_string("sweep", None, "Sweep name: results/<sweep>/ and runs/<sweep>/.")
   flags.DEFINE_list("rows", [], "Table 3 rows (experiments/configs/table3.py ROWS), e.g. base,A1.")
+  flags.DEFINE_integer("seeds", 1, "Train each row with seeds 0..N-1 (rows NAME_seedS); the "
+                       "table adds mean ± std and the paper's direction per row.")
   flags.DEFINE_multi_string("row", [], "An ad-hoc row: NAME:key=value,key=value.")
   flags.DEFINE_enum("scale", None, ["paper", "cpu"],
                     "Scale of Table 3 rows; default: the config's ',cpu' suffix, else paper.")
@@ -424,7 +510,8 @@ def main(argv: list[str]) -> None:
   scale = FLAGS.scale or ("cpu" if spec.endswith(",cpu") else "paper")
   base = FLAGS.config
   try:
-    rows = table3_rows(FLAGS.rows, scale, base.num_train_steps) + [parse_row(r) for r in FLAGS.row]
+    rows = with_seeds(table3_rows(FLAGS.rows, scale, base.num_train_steps)
+                      + [parse_row(r) for r in FLAGS.row], FLAGS.seeds)
   except (ValueError, KeyError, TypeError) as e:
     raise UserError(str(e).strip("'\"")) from None
   if not rows:

@@ -55,6 +55,35 @@ def test_table3_rows_scale_to_the_cpu_base(ablations):
   assert paper_big.overrides["num_train_steps"] == 300_000
 
 
+def test_seeds_expand_rows_and_the_table_says_where_ours_agrees_with_the_paper(ablations):
+  rows = ablations.with_seeds(ablations.table3_rows(["base", "A1", "C_N2"], "cpu", 300), 3)
+  assert [r.name for r in rows[:4]] == ["base_seed0", "base_seed1", "base_seed2", "A1_seed0"]
+  assert rows[4].overrides["seed"] == rows[4].overrides["data.seed"] == 1
+  assert rows[4].overrides["model.num_heads"] == 1
+  assert ablations.seed_groups(rows)["C_N2"] == ["C_N2_seed0", "C_N2_seed1", "C_N2_seed2"]
+  assert ablations.with_seeds(rows[:2], 1) == rows[:2]
+  with pytest.raises(ValueError, match="at least 1"):
+    ablations.with_seeds(rows, 0)
+
+  def result(ppl, bleu):
+    return dict(dev_perplexity=ppl, dev_bleu=bleu)
+
+  # Paper: A1 (h=1) has higher PPL and lower BLEU than base; C_N2 too.
+  results = {"base_seed0": result(10.0, 20.0), "base_seed1": result(10.2, 20.4),
+             "base_seed2": result(9.8, 19.6),
+             "A1_seed0": result(12.0, 19.9), "A1_seed1": result(12.2, 20.3),
+             "A1_seed2": result(11.8, 19.8),
+             "C_N2_seed0": result(9.0, 21.0), "C_N2_seed1": result(9.1, 21.2)}
+  table = ablations.format_seed_table(rows, results)
+  a1 = next(line for line in table.splitlines() if line.startswith("| A1 |"))
+  assert "12.00 ± 0.20" in a1 and "| agrees (+2.00, 2σ 0.33)" in a1  # PPL up, as the paper's.
+  assert "within noise (+0.00" in a1  # BLEU: 20.00 against 20.00.
+  n2 = next(line for line in table.splitlines() if line.startswith("| C_N2 |"))
+  assert "2 of 3" in n2 and "disagrees (-0.95" in n2  # PPL down, the paper's went up.
+  assert ablations.direction((5.0, 1.0, 3), (4.0, 1.0, 3), 0.5).startswith("within noise")
+  assert ablations.format_seed_table(rows[:1], results) == ""
+
+
 def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path):
   base = tiny_base()
   rows = ablations.table3_rows(["base", "D_ls0"], "paper", base.num_train_steps)
