@@ -102,7 +102,8 @@ SEED_SUFFIX = "_seed"
 
 def with_seeds(rows: list[Row], seeds: int) -> list[Row]:
   """Each row once per seed 0..seeds-1 (`NAME_seedS`: parameter init, dropout and data
-  order all follow S); `seeds` 1 keeps the rows as they are."""
+  order all follow S; on the generated corpus `data.seed` also draws the corpus itself);
+  `seeds` 1 keeps the rows as they are."""
   if seeds < 1:
     raise ValueError(f"--seeds={seeds} must be at least 1")
   if seeds == 1:
@@ -133,7 +134,9 @@ def direction(ours: tuple[float, float, int], base: tuple[float, float, int],
   (mean, std, n), (base_mean, base_std, base_n) = ours, base
   difference = mean - base_mean
   noise = 2 * math.sqrt(std**2 / n + base_std**2 / base_n)
-  if abs(difference) <= noise or paper_difference == 0:
+  if paper_difference == 0:
+    return f"paper: no change ({difference:+.2f}, 2σ {noise:.2f})"
+  if abs(difference) <= noise:
     return f"within noise ({difference:+.2f}, 2σ {noise:.2f})"
   agrees = (difference > 0) == (paper_difference > 0)
   return f"{'agrees' if agrees else 'disagrees'} ({difference:+.2f}, 2σ {noise:.2f})"
@@ -163,7 +166,8 @@ def format_seed_table(rows: list[Row], results: dict, base_name: str = "base") -
       cells.append(f"{mine[0]:.2f} ± {mine[1]:.2f}" if mine else "")
     cells.append(", ".join(f"{v:g}" for v in paper[name][:2]) if name in paper else "")
     for key, column in (("dev_perplexity", 0), ("dev_bleu", 1)):
-      mine, base = stats(name, key), stats(base_name, key)
+      mine = stats(name, key)
+      base = stats(base_name, key) if base_name in groups else None
       if name == base_name or mine is None or base is None:
         cells.append("")
         continue
@@ -407,8 +411,9 @@ def format_table(rows: list[Row], configs: dict, results: dict, bleu_metric: str
     bleu = (f"{result['dev_bleu']:.1f}" if result and result["dev_bleu"] is not None
             else ("—" if result else ""))
     params = f"{result['params'] / 1e6:.3g}" if result else ""
-    p_ppl, p_bleu = (f"{paper[row.name][0]:.2f}", f"{paper[row.name][1]:.1f}") \
-        if row.name in paper else ("", "")
+    paper_name = next(iter(seed_groups([row])))  # NAME_seedS has NAME's paper figures.
+    p_ppl, p_bleu = (f"{paper[paper_name][0]:.2f}", f"{paper[paper_name][1]:.1f}") \
+        if paper_name in paper else ("", "")
     lines.append("| " + " | ".join([row.name, *shown[:-1], ppl, bleu, params, p_ppl, p_bleu,
                                       shown[-1]]) + " |")
   return "\n".join(lines) + "\n"

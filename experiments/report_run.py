@@ -83,6 +83,9 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   test_split = test_split or config.final_eval_split
   metric = metric if metric != "auto" else ("tok_bleu" if config.data.dataset == "multi30k"
                                             else "paper_bleu")
+  if data.references_kind == "tokenized" and metric in ("sacrebleu", "paper_bleu"):
+    raise UserError(f"--metric={metric}: this run's references are tokenized and lowercased "
+                    "(Multi30k tok/), so cased detokenized BLEU does not apply; use tok_bleu or chrf")
   options = DecodeOptions.from_config(config)
   counts = [average] if isinstance(average, int) else list(average)
   if any(count < 1 for count in counts):

@@ -82,6 +82,9 @@ def test_seeds_expand_rows_and_the_table_says_where_ours_agrees_with_the_paper(a
   assert "2 of 3" in n2 and "disagrees (-0.95" in n2  # PPL down, the paper's went up.
   assert ablations.direction((5.0, 1.0, 3), (4.0, 1.0, 3), 0.5).startswith("within noise")
   assert ablations.format_seed_table(rows[:1], results) == ""
+  no_base = ablations.format_seed_table(rows[3:], results)  # A1 and C_N2 alone: no comparison.
+  assert "12.00 ± 0.20" in no_base and "agrees" not in no_base
+  assert ablations.direction((5.0, 0.1, 3), (4.0, 0.1, 3), 0.0).startswith("paper: no change")
 
 
 def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path):

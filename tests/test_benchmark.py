@@ -97,5 +97,8 @@ def test_data_scale_benchmark_times_every_stage(tmp_path, data_dir):
   for stage in row["stages"].values():
     assert stage["seconds"] >= 0 and stage["peak_rss_bytes"] > 2**20
   assert row["tokens"] > 2 * 3000 and row["batches_per_epoch"] > 1
+  small, full = row["small"]["tokenize"], row["full"]["tokenize"]  # The line through both.
+  want = full["seconds"] + (full["seconds"] - small["seconds"]) / 2700 * 27000
+  assert row["stages"]["tokenize"]["extrapolated_seconds"] == pytest.approx(want)
   assert not (tmp_path / "work").exists(), "the scratch corpus is deleted"
   assert "### Data path at scale" in (tmp_path / "README.md").read_text()

@@ -264,5 +264,14 @@ def test_cased_multi30k_scores_tok_bleu_against_the_official_tok_files(tmp_path)
   assert raw.references_kind == bleu.REFERENCES_RAW
   assert raw.texts("test2016")[1][3] == "Ein Hund Nummer 3 läuft."
   assert raw.tok_references("test2016")[3] == "ein hund nummer 3 läuft ."
+  from transformer_jax.tasks.translation import reference_sets
+
+  hypotheses = [f"Ein Hund Nummer {i} rennt." for i in range(40)]
+  scores = bleu.all_scores(hypotheses, raw.texts("test2016")[1], **reference_sets(raw, "test2016"))
+  assert scores["tok_bleu_references"] == "the official tokenized references"
+  assert scores["tok_bleu"] == pytest.approx(bleu.tok_bleu(hypotheses, raw.tok_references("test2016")))
+  assert "sacrebleu" in scores and scores["references"] == bleu.REFERENCES_RAW
   tok = load_dataset(dict(common, variant="tok", prepared_dir=str(tmp_path / "tok")))
   assert tok.references_kind == bleu.REFERENCES_TOKENIZED and tok.tok_references("val") is None
+  scores = bleu.all_scores(tok.texts("val")[1], tok.texts("val")[1], **reference_sets(tok, "val"))
+  assert "sacrebleu" not in scores and scores["tok_bleu"] == pytest.approx(100)

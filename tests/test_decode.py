@@ -156,10 +156,13 @@ def test_a_new_translator_of_the_same_model_compiles_nothing(model_and_params):
   src = np.asarray(SRC)
   out = first(src)
   compiled = translator._jitted_decode.cache_info().currsize
+  executables = first._function(src.shape[1])._cache_size()  # Compiled shapes so far.
   shifted = jax.tree.map(lambda p: p * 0.5, params)
   again = translator.Translator(Transformer(model.config), shifted, mesh, options)
   assert again._function(src.shape[1]) is first._function(src.shape[1])
+  again(src)
   assert translator._jitted_decode.cache_info().currsize == compiled
+  assert again._function(src.shape[1])._cache_size() == executables  # Nothing compiled.
   want = translator.decode_batch(model, shifted, SRC, options, src.shape[1] + 50)
   np.testing.assert_array_equal(again(src), np.asarray(want))  # Its own params, not first's.
   np.testing.assert_array_equal(first(src), out)

@@ -7,10 +7,11 @@ TRANSFORMER_JAX_DATA_DIR (or --config.data.data_dir) names the folder holding
 multi30k/; without it the files are downloaded from github.com/multi30k.
 
 Trains on the raw, cased text and writes cased, detokenized German, scored in
-<workdir>/final_test2016.json three ways: sacreBLEU against the raw references
-(its signature printed), the Multi30k literature's tokenized-lowercase BLEU
+<workdir>/final_test2016.json: sacreBLEU against the raw references (its
+signature printed), the Multi30k literature's tokenized-lowercase BLEU
 (`tok_bleu`: the output lowercased and Moses-tokenized, against the official
-`tok/` references where multi30k/tok/ is in the data folder), and chrF.
+`tok/` references where multi30k/tok/ is in the data folder), chrF, and the
+paper's cased compound-split BLEU.
 `--config.data.variant=tok` trains on the lowercased tokenized files instead;
 its references are then tokenized too, so only tok_bleu and chrF are reported.
 
@@ -30,9 +31,11 @@ chooses the checkpoint average, beam size and α on val and decodes test2016 onc
 Cased (recipe v13, 2026-12-04): test2016 sacreBLEU 39.73, tokenized-lowercase
 BLEU 40.07 after the 2,018 steps that fit 60 minutes on 2 AVX2-only EPYC cores
 (float32). On the tok/ variant these settings (v7) reached tokenized-lowercase
-BLEU 40.45 after 3,800 steps (52 minutes) on 2 Zen 5 EPYC cores (2026-12-02). On slower CPUs fewer
-steps fit the hour (`--config.num_train_steps=2900`). Every run, host and
-earlier recipe: results/multi30k/README.md.
+BLEU 40.45 after 3,800 steps (52 minutes) on 2 Zen 5 EPYC cores (2026-12-02).
+On slower CPUs fewer steps fit the hour: 3,800 would take ~1 h 50 on the AVX2
+host, where v13 was stopped with SIGTERM at 60 minutes (step 2,018; the trainer
+saves and exits) and scored by report_run.py. Every run, host and earlier
+recipe: results/multi30k/README.md.
 """
 
 import ml_collections

@@ -1,7 +1,7 @@
 """Translates a source file and scores it against references.
 
   python -m transformer_jax.evaluate --workdir=DIR --source=FILE --reference=FILE \
-      [--tok_reference=FILE] [--reference_kind=raw|tokenized] \
+      [--tok_reference=FILE] [--reference_kind=auto|raw|tokenized] \
       [--checkpoint=latest|averaged|STEP] [--beam_size=4] [--alpha=0.6]
 
 Prints one JSON object (sacrebleu, paper_bleu, tok_bleu, chrf, sentences,
@@ -10,7 +10,8 @@ checkpoint folder as <workdir>/hypotheses/<source name>.<checkpoint>.txt.
 tok_bleu is scored against --tok_reference (the official tokenized, lowercased
 references, e.g. Multi30k tok/test2016.de) where given, else against
 --reference lowercased and Moses-tokenized. With --reference_kind=tokenized
-(references already tokenized and lowercased) only tok_bleu and chrf apply.
+(references already tokenized and lowercased; the default for a run trained on
+Multi30k tok/) only tok_bleu and chrf apply.
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ def main(argv: list[str]) -> None:
                       f"{len(tok_references)}")
   options = common.decode_options()
   run = load_run(workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
+  reference_kind = FLAGS.reference_kind
+  if reference_kind == "auto":  # As the run was trained: Multi30k tok/ is tokenized.
+    data = run.config.data
+    tokenized = data.dataset == "multi30k" and data.get("variant") == "tok"
+    reference_kind = bleu.REFERENCES_TOKENIZED if tokenized else bleu.REFERENCES_RAW
   scores, hypotheses = evaluate_texts(run, sources, references, options, FLAGS.tokens_per_batch,
-                                      tok_references, FLAGS.reference_kind)
+                                      tok_references, reference_kind)
   out_dir = os.path.join(os.path.abspath(workdir), "hypotheses")
   os.makedirs(out_dir, exist_ok=True)
   out_path = os.path.join(out_dir, f"{os.path.basename(FLAGS.source)}.{FLAGS.checkpoint}.txt")
@@ -72,10 +78,11 @@ def run() -> None:
   flags.DEFINE_string("reference", None, "Reference translations, line-aligned.")
   flags.DEFINE_string("tok_reference", None, "Optional official tokenized, lowercased "
                       "references (Multi30k tok/) for tok_bleu, line-aligned.")
-  flags.DEFINE_enum("reference_kind", bleu.REFERENCES_RAW,
-                    [bleu.REFERENCES_RAW, bleu.REFERENCES_TOKENIZED],
+  flags.DEFINE_enum("reference_kind", "auto",
+                    ["auto", bleu.REFERENCES_RAW, bleu.REFERENCES_TOKENIZED],
                     "raw: detokenized, cased references (every score); tokenized: already "
-                    "tokenized and lowercased (tok_bleu and chrf only).")
+                    "tokenized and lowercased (tok_bleu and chrf only); auto: tokenized for a "
+                    "run trained on Multi30k tok/, else raw.")
   app.run(main, flags_parser=common.parse_flags)
 
 
