@@ -24,6 +24,7 @@ and says how much each stage grew between the two (10x is linear).
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import resource
@@ -81,10 +82,9 @@ def write_corpus(work_dir: pathlib.Path, pairs: int) -> float:
 def run_stage(stage: str, work_dir: pathlib.Path, pairs: int) -> Result:
   """One stage in this process: {'seconds', 'peak_rss_bytes', ...}."""
   from transformer_jax.data import builders, tokenized
-  from transformer_jax.data import tokenizer as tokenizer_lib
   from transformer_jax.data.config import resolve_data_config
   from transformer_jax.data.corpus import resolve_corpus
-  from transformer_jax.data.pipeline import load_dataset
+  from transformer_jax.data.pipeline import corpus_tokenizer, load_dataset
 
   cfg = resolve_data_config(data_config(work_dir, pairs))
   corpus = resolve_corpus(cfg)
@@ -96,20 +96,8 @@ def run_stage(stage: str, work_dir: pathlib.Path, pairs: int) -> Result:
     builders.prepare(corpus, root / "tfds")
   elif stage in ("tokenizer", "tokenize"):
     prepared = builders.prepare(corpus, root / "tfds")
-    texts = {}
-
-    def read(split):
-      if split not in texts:
-        texts[split] = prepared.read(split)
-      return texts[split]
-
-    def training_text():
-      src, tgt = read("train")
-      yield from src
-      yield from tgt
-
-    tok = tokenizer_lib.cached_tokenizer(root / "tokenizers", prepared.key, cfg.vocab_size,
-                                         cfg.tokenizer_type, training_text)
+    read = functools.cache(prepared.read)  # Each split read once, as load_dataset does.
+    tok = corpus_tokenizer(cfg, prepared, root, read, "train")
     if stage == "tokenize":
       start = time.perf_counter()  # The tokenizer is cached by now: time the ids alone.
       split = tokenized.tokenize_split(root / "tokenized", prepared, tok, "train", read)

@@ -287,8 +287,10 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
     raise ValueError(f"row names repeat: {[r.name for r in rows]}")
   if bleu_metric == "auto":
     bleu_metric = "tok_bleu" if base.data.dataset == "multi30k" else "paper_bleu"
-  tokenized_corpus = base.data.dataset == "multi30k" and base.data.variant == "tok"
-  if tokenized_corpus and bleu_metric in ("sacrebleu", "paper_bleu"):
+  from transformer_jax.data.pipeline import references_kind
+  from transformer_jax.metrics.bleu import REFERENCES_TOKENIZED
+
+  if references_kind(base.data) == REFERENCES_TOKENIZED and bleu_metric in ("sacrebleu", "paper_bleu"):
     raise UserError(f"--bleu={bleu_metric}: Multi30k tok/ is tokenized and lowercased, so "
                     "cased detokenized BLEU does not apply; use --bleu=tok_bleu or chrf")
   sweep_dir.mkdir(parents=True, exist_ok=True)

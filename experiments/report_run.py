@@ -72,7 +72,7 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   from transformer_jax.decode.translator import DecodeOptions
   from transformer_jax.errors import UserError
   from transformer_jax.tasks.registry import make_task
-  from transformer_jax.metrics.bleu import summary
+  from transformer_jax.metrics.bleu import REFERENCES_TOKENIZED, summary
   from transformer_jax.tasks.translation import evaluate_texts, reference_sets
   from transformer_jax.training.run_dir import read_config
 
@@ -83,7 +83,7 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   test_split = test_split or config.final_eval_split
   metric = metric if metric != "auto" else ("tok_bleu" if config.data.dataset == "multi30k"
                                             else "paper_bleu")
-  if data.references_kind == "tokenized" and metric in ("sacrebleu", "paper_bleu"):
+  if data.references_kind == REFERENCES_TOKENIZED and metric in ("sacrebleu", "paper_bleu"):
     raise UserError(f"--metric={metric}: this run's references are tokenized and lowercased "
                     "(Multi30k tok/), so cased detokenized BLEU does not apply; use tok_bleu or chrf")
   options = DecodeOptions.from_config(config)

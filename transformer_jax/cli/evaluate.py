@@ -22,6 +22,7 @@ import os
 from absl import app, flags
 
 from transformer_jax.cli import common
+from transformer_jax.data.pipeline import references_kind
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.metrics import bleu
 from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
@@ -56,9 +57,7 @@ def main(argv: list[str]) -> None:
   run = load_run(workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
   reference_kind = FLAGS.reference_kind
   if reference_kind == "auto":  # As the run was trained: Multi30k tok/ is tokenized.
-    data = run.config.data
-    tokenized = data.dataset == "multi30k" and data.get("variant") == "tok"
-    reference_kind = bleu.REFERENCES_TOKENIZED if tokenized else bleu.REFERENCES_RAW
+    reference_kind = references_kind(run.config.data)
   scores, hypotheses = evaluate_texts(run, sources, references, options, FLAGS.tokens_per_batch,
                                       tok_references, reference_kind)
   out_dir = os.path.join(os.path.abspath(workdir), "hypotheses")

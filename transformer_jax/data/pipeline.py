@@ -76,9 +76,8 @@ class TranslationData:
 
   @property
   def references_kind(self) -> str:
-    """What the references are: bleu.REFERENCES_TOKENIZED on Multi30k `tok/`, else RAW."""
-    tokenized_corpus = self.config.dataset == "multi30k" and self.config.variant == "tok"
-    return bleu.REFERENCES_TOKENIZED if tokenized_corpus else bleu.REFERENCES_RAW
+    """What the references are (`references_kind`)."""
+    return references_kind(self.config)
 
   def tok_references(self, split: str) -> list[str] | None:
     """The official tokenized, lowercased references of `split` (Multi30k raw with its
@@ -145,6 +144,13 @@ class TranslationData:
     yield from grain.MapDataset.source(self._eval_plans[key]).map(host_batch)
 
 
+def references_kind(data_config: Mapping[str, Any]) -> str:
+  """bleu.REFERENCES_TOKENIZED where a data config names tokenized, lowercased text
+  (Multi30k `tok/`), else bleu.REFERENCES_RAW."""
+  tokenized_corpus = data_config["dataset"] == "multi30k" and data_config.get("variant") == "tok"
+  return bleu.REFERENCES_TOKENIZED if tokenized_corpus else bleu.REFERENCES_RAW
+
+
 def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationData:
   """Prepares (or loads cached) data, tokenizer and token ids, in that order.
 
@@ -171,17 +177,7 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
       texts[split] = prepared.read(split)
     return texts[split]
 
-  def training_text():
-    src, tgt = read(names[0])
-    yield from src
-    yield from tgt
-
-  if cfg.tokenizer_path:
-    tok = tokenizer_lib.load_tokenizer(cfg.tokenizer_path)
-  else:
-    tok = tokenizer_lib.cached_tokenizer(
-        root / "tokenizers", prepared.key, cfg.vocab_size, cfg.tokenizer_type,
-        training_text)
+  tok = corpus_tokenizer(cfg, prepared, root, read, names[0])
   splits = {name: tokenized.tokenize_split(root / "tokenized", prepared, tok, name, read)
             for name in dict.fromkeys(names[1:]) if name is not None}
   train, train_lines, filtered = tokenized.filter_train(
@@ -203,6 +199,22 @@ def load_dataset(data_config: Mapping[str, Any] | None = None) -> TranslationDat
 
   return TranslationData(cfg, tok, splits, train, tuple(names), sizes, reader, filtered,
                          train_lines, _tok_reference_reader(corpus))
+
+
+def corpus_tokenizer(cfg: ml_collections.ConfigDict, prepared: builders.PreparedDataset,
+                     root: Path, read, train_split: str) -> tokenizer_lib.Tokenizer:
+  """The run's SentencePiece model: `data.tokenizer_path`, else the one trained (once,
+  then cached under `root`) on both sides of `train_split`; `read(split)` gives its texts."""
+  if cfg.tokenizer_path:
+    return tokenizer_lib.load_tokenizer(cfg.tokenizer_path)
+
+  def training_text():
+    src, tgt = read(train_split)
+    yield from src
+    yield from tgt
+
+  return tokenizer_lib.cached_tokenizer(root / "tokenizers", prepared.key, cfg.vocab_size,
+                                        cfg.tokenizer_type, training_text)
 
 
 def _tok_reference_reader(corpus):
