@@ -173,7 +173,8 @@ def model_summary(model_config: Any) -> Result:
   return dict(d_model=m.d_model, d_ff=m.d_ff, num_heads=m.num_heads,
               encoder_layers=m.num_encoder_layers, decoder_layers=m.num_decoder_layers,
               vocab_size=m.vocab_size, dtype=m.dtype, matmul_dtype=m.matmul_dtype,
-              attention_impl=m.attention_impl, dropout_rate=m.dropout_rate, norm=m.norm)
+              attention_impl=m.attention_impl, dropout_rate=m.dropout_rate, norm=m.norm,
+              **({"quantize": m.quantize} if getattr(m, "quantize", "") else {}))
 
 
 def synthetic_tokens(rows: int, length: int, vocab_size: int, seed: int) -> Any:

@@ -39,6 +39,8 @@ flags.DEFINE_enum("compare", "", ["", "marian", "ctranslate2"],
                   "ctranslate2: CTranslate2 on this model's own weights.")
 flags.DEFINE_list("ct2_compute_types", ["float32", "int8"],
                   "--compare=ctranslate2: CTranslate2 compute types to time.")
+flags.DEFINE_enum("quantize", "", ["", "int8"], "Our weight matmuls in int8 "
+                  "(DecodeOptions.quantize); CTranslate2 gets the float32 weights either way.")
 
 Result = common.Result
 
@@ -77,7 +79,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   for method, beam_size in methods:
     options = DecodeOptions(method=method, beam_size=beam_size, ignore_eos=True,
                             max_extra_len=FLAGS.decode_steps - FLAGS.src_len,
-                            growing_cache=FLAGS.growing_cache)
+                            growing_cache=FLAGS.growing_cache, quantize=FLAGS.quantize)
     translator = Translator(model, params, mesh, options)
     start = time.perf_counter()
     out = translator(src)
@@ -125,7 +127,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   memory, memory_source = common.peak_memory()
   main = runs["beam" if FLAGS.beam_size > 1 else "greedy"]
   result = dict(
-      mode="decode", config=common.config_name(), model=common.model_summary(model.config),
+      mode="decode", config=common.config_name(),
+      model=common.model_summary(translator.model.config),
       params=parameter_counts(params)["total"], batch_size=FLAGS.batch_size,
       src_len=FLAGS.src_len, decode_steps=FLAGS.decode_steps, beam_size=FLAGS.beam_size,
       sentences_per_s=main["sentences_per_s"], tokens_per_s=main["tokens_per_s"],

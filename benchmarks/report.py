@@ -22,7 +22,8 @@ def precision_label(model: Result) -> str:
   """"float32", "bfloat16", or "float32, bf16 matmuls" for a result's model summary."""
   matmul = model.get("matmul_dtype", model["dtype"])
   short = _SHORT_DTYPES.get(matmul, matmul)
-  return model["dtype"] if matmul == model["dtype"] else f"{model['dtype']}, {short} matmuls"
+  label = model["dtype"] if matmul == model["dtype"] else f"{model['dtype']}, {short} matmuls"
+  return label + (f", {model['quantize']} weight matmuls" if model.get("quantize") else "")
 
 
 def reference_dtype(reference: Result | None) -> str:
@@ -153,15 +154,18 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
   lines += ["", "### A trained run on a real test set against CTranslate2 (`translate_real.py`)", "",
             "Sentences a second over the whole file (median of the paired rounds) and each "
             "engine's BLEU on it; the same exported weights, beam and length limit.", "",
-            "| date | device | run | sentences | beam | α | engine | sentences/s | ours over it "
-            "| sacreBLEU | tok-lc BLEU (the references lowercased and Moses-tokenized) | load | note |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| date | device | run | sentences | beam | α | our stop rule | engine | sentences/s "
+            "| ours over it | sacreBLEU | tok-lc BLEU (the references lowercased and "
+            "Moses-tokenized) | load | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in (r for r in runs if r["mode"] == "translate_real"):
     ours = r["engines"]["jax"]["sentences_per_s"]
     for name, e in r["engines"].items():
       lines.append(
           f"| {when(r)} | {kind(r)} | {r['workdir']} ({r['checkpoint']}, step {r['step']}) "
-          f"| {r['sentences']:,} {r['source']} | {r['beam_size']} | {r['alpha']:g} | {name} "
+          f"| {r['sentences']:,} {r['source']} | {r['beam_size']} | {r['alpha']:g} "
+          f"| {r.get('beam_stop') or ('exact' if r['beam_size'] > 1 else '')} "
+          f"| {name}{' (int8 weight matmuls)' if name == 'jax' and r.get('quantize') else ''} "
           f"| {e['sentences_per_s']:,.1f} | {ratio(ours / e['sentences_per_s']) if name != 'jax' else ''} "
           f"| {e['sacrebleu']:.2f} | {e['tok_bleu']:.2f} | {load(r)} | {r.get('note', '')} |")
   lines += ["", "### Data path at scale (`data_scale.py`)", "",

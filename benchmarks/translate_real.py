@@ -39,6 +39,11 @@ flags.DEFINE_integer("tokens_per_batch", 4096, "Our batches' source tokens.")
 flags.DEFINE_integer("ct2_batch_size", 64, "CTranslate2's max_batch_size (sentences).")
 flags.DEFINE_list("ct2_compute_types", ["float32", "int8"], "CTranslate2 compute types.")
 flags.DEFINE_integer("repeats", 2, "Timed rounds.")
+flags.DEFINE_enum("quantize", "", ["", "int8"], "Our weight matmuls in int8 "
+                  "(DecodeOptions.quantize); CTranslate2 runs its own --ct2_compute_types.")
+flags.DEFINE_enum("beam_stop", "exact", ["exact", "best_finished"],
+                  "Our beam search's stop rule (search.beam_search); CTranslate2 always stops "
+                  "a sentence once its best candidate ends (best_finished).")
 
 Result = common.Result
 
@@ -58,7 +63,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
     references = f.read().splitlines()
   options = DecodeOptions(method="beam" if FLAGS.beam_size > 1 else "greedy",
                           beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-                          max_extra_len=FLAGS.max_extra_len)
+                          max_extra_len=FLAGS.max_extra_len, stop_rule=FLAGS.beam_stop,
+                          quantize=FLAGS.quantize)
   directory = tempfile.mkdtemp(prefix="ct2_real_")
   export_ctranslate2(run, directory)
   engines = {compute_type: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
@@ -101,6 +107,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                 checkpoint=FLAGS.checkpoint, step=run.step, sentences=len(sources),
                 source=os.path.basename(FLAGS.source), beam_size=FLAGS.beam_size,
                 alpha=FLAGS.alpha, max_extra_len=FLAGS.max_extra_len,
+                beam_stop=FLAGS.beam_stop if FLAGS.beam_size > 1 else None,
+                quantize=FLAGS.quantize or None,
                 ctranslate2_version=ctranslate2.__version__, engines=engines_result,
                 compare_mode="paired")
   table = [(name, f"{r['sentences_per_s']:.1f} sentences/s (median of {FLAGS.repeats}), "

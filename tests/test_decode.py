@@ -177,6 +177,29 @@ def test_bad_decode_options_are_one_line_errors():
     translator.DecodeOptions(beam_size=0)
   with pytest.raises(UserError, match="alpha=-1"):
     translator.DecodeOptions(alpha=-1)
+  with pytest.raises(UserError, match="--quantize='int4' is not a quantization"):
+    translator.DecodeOptions(quantize="int4")
+  with pytest.raises(UserError, match="--beam_stop='never' is not one of exact, best_finished"):
+    translator.DecodeOptions(stop_rule="never")
+
+
+@pytest.mark.parametrize("method", ["beam", "greedy"])
+def test_int8_translator_decodes_the_int8_model(model_and_params, method):
+  """--quantize=int8: the Translator runs the model with int8 weight matmuls, and its
+  cached search decodes what the int8 model's own full recomputation prefers."""
+  model, params = model_and_params
+  mesh = sharding.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+  options = translator.DecodeOptions(method=method, quantize="int8")
+  decoder = translator.Translator(model, params, mesh, options)
+  assert decoder.model.config.quantize == "int8" and model.config.quantize == ""
+  out = decoder(np.asarray(SRC))
+  want = translator.decode_batch(decoder.model, params, SRC, options, SRC.shape[1] + 50)
+  np.testing.assert_array_equal(out, np.asarray(want))
+  if method == "greedy":  # Each greedy token is the int8 model's argmax given the prefix.
+    inputs = shift_right(jnp.asarray(out[:, :8]))
+    logits = decoder.model.apply({"params": params}, SRC, inputs)
+    np.testing.assert_array_equal(np.asarray(jnp.argmax(logits, -1))[out[:, :8] != 0],
+                                  out[:, :8][out[:, :8] != 0])
 
 
 def test_attention_weights_cover_every_module(model_and_params):

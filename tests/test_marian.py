@@ -149,8 +149,13 @@ def test_encoder_and_logits_equal_pytorch(imported, hf_model, hf_tokenizer, perm
   logits = run.model.apply({"params": run.params}, src, jnp.asarray(target_input))
   theirs = out.logits.numpy()
   logit_difference = np.abs(np.asarray(logits)[..., 1:] - theirs[..., permutation[1:]])
-  print(f"logits {logit_difference.max():.2e}")
-  assert logit_difference.max() < 1e-4, f"logits differ by {logit_difference.max()}"
+  scale = np.abs(theirs).max()
+  print(f"logits {logit_difference.max():.2e} (largest logit {scale:.1f})")
+  # The two engines' float32 kernels sum in different orders, and this random model (weights
+  # N(0, 0.5)) amplifies that: 5.3e-5 on an AVX2 EPYC, 3.1e-4 on an AMX Xeon, whose largest
+  # logit was 10.2 (both engines' plain matmuls are float32-exact there). A mistake in the
+  # import moves logits by whole units.
+  assert logit_difference.max() < 1e-4 * max(scale, 1.0), f"logits differ by {logit_difference.max()}"
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -223,6 +228,7 @@ def test_import_translate_evaluate_commands(marian_dir, hf_model, hf_tokenizer, 
   scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
   assert scores["sentences"] == 4 and "sacrebleu" in scores
   assert scores["decoding"] == dict(method="beam", beam_size=2, alpha=0.6, finish_rule="t2t",
+                                    stop_rule="exact",
                                     max_extra_len=50, min_length=1), scores["decoding"]
 
 

@@ -1,5 +1,7 @@
 """Mixed precision: bfloat16 matmul operands, float32 accumulation (precision.py)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -208,3 +210,63 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
   cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\n")
   assert precision.cpu_flags(str(cpuinfo)) == {"fpu", "avx2", "avx512_bf16"}
   assert precision.cpu_flags(str(tmp_path / "absent")) == frozenset()
+
+
+# int8 weight matmuls (decoding only: ModelConfig.quantize, translate --quantize=int8).
+
+
+def test_int8_matmul_is_exact_where_int8_holds_the_operands():
+  # Integers within ±127 whose rows (lhs) and columns (rhs) each reach 127 have scale 1:
+  # the int8 product is the integer product, exactly.
+  rng = np.random.default_rng(0)
+  lhs = rng.integers(-127, 128, size=(6, 40)).astype(np.float32)
+  rhs = rng.integers(-127, 128, size=(40, 9)).astype(np.float32)
+  lhs[:, 0], rhs[0, :] = 127, -127
+  product = precision.int8_matmul(jnp.asarray(lhs), jnp.asarray(rhs), jnp.float32)
+  np.testing.assert_array_equal(np.asarray(product), lhs @ rhs)
+
+
+def test_int8_matmul_tracks_float32_and_keeps_zero_rows():
+  lhs, rhs, _ = _operands((64, 256), (256, 96))
+  lhs = lhs.at[3].set(0.0)  # A row of zeros (padding) must give zeros, not NaN.
+  product = np.asarray(precision.int8_matmul(lhs, rhs, jnp.float32))
+  exact = np.asarray(lhs @ rhs)
+  assert np.all(product[3] == 0.0)
+  relative = np.linalg.norm(product - exact) / np.linalg.norm(exact)
+  assert 0 < relative < 0.02, relative  # Rounded for real, and by about 1 %.
+
+
+def test_int8_model_tracks_the_float32_model_and_decodes_from_its_cache(tiny_model_config):
+  full = _model(tiny_model_config, "float32")
+  quantized = full.clone(config=dataclasses.replace(full.config, quantize="int8"))
+  inputs = shift_right(TARGETS)
+  params = full.init(jax.random.key(0), SRC, inputs)["params"]
+  # Every weight matmul is int8: per encoder layer Q·K·V and the output projection, the two
+  # feed-forward ones (4); per decoder layer those and the cross-attention's query, key·value
+  # and output (7); the tied logits (1). The attention products stay float.
+  jaxpr = str(jax.make_jaxpr(lambda p: quantized.apply({"params": p}, SRC, inputs))(params))
+  assert jaxpr.count("preferred_element_type=int32") == 2 * 4 + 2 * 7 + 1
+  full_logits = np.asarray(full.apply({"params": params}, SRC, inputs))
+  int8_logits = np.asarray(quantized.apply({"params": params}, SRC, inputs))
+  valid = np.asarray(TARGETS != 0)
+  difference = np.abs(int8_logits - full_logits)[valid]
+  assert 0 < difference.max() < 0.1 * np.abs(full_logits[valid]).max(), difference.max()
+  # The cached, step-by-step int8 decoder computes what the int8 model computes at once.
+  encoded = quantized.apply({"params": params}, SRC, method=Transformer.encode)
+  cache = kv_cache.init_cache(quantized, params, encoded, SRC, inputs.shape[1])
+  step_fn = kv_cache.step_logits(quantized, params, SRC)
+  logits = []
+  for step in range(inputs.shape[1]):
+    step_logits, cache = step_fn(inputs[:, step : step + 1], cache, step)
+    logits.append(step_logits)
+  np.testing.assert_allclose(np.asarray(jnp.stack(logits, axis=1))[valid], int8_logits[valid],
+                             atol=1e-4, rtol=1e-4)
+
+
+def test_training_refuses_a_quantized_model():
+  from transformer_jax.configs import default_config, validate_config
+
+  config = default_config()
+  config.model.quantize = "int8"
+  with pytest.raises(UserError, match="config.model.quantize='int8' is for decoding"):
+    validate_config(config)

@@ -314,6 +314,64 @@ def test_early_stopping_does_not_change_results_and_saves_steps():
   assert np.all(np.isfinite(scores_a)), "every beam should have finished"
 
 
+def _beam_best_finished_np(next_logprobs, beam: int, alpha: float, max_len: int):
+  """NumPy beam search (t2t finishing) that stops once a step's best candidate ends.
+
+  Returns (score, tokens) of the best finished hypothesis, or of the best alive
+  beam if nothing finished within `max_len` tokens.
+  """
+  alive, finished = [([], 0.0)], []
+  for t in range(max_len):
+    candidates = []
+    for prefix, logprob in alive:  # Beam order, then token order: lax.top_k's tie order.
+      dist = next_logprobs(prefix)
+      candidates += [(logprob + dist[token], prefix + [int(token)])
+                     for token in np.flatnonzero(np.isfinite(dist))]
+    top = sorted(candidates, key=lambda c: -c[0])[:2 * beam]
+    finished += [(logprob / _lp(t + 1, alpha), seq) for logprob, seq in top if seq[-1] == EOS_ID]
+    alive = [(seq, logprob) for logprob, seq in top if seq[-1] != EOS_ID][:beam]
+    if top[0][1][-1] == EOS_ID:
+      break
+  if finished:
+    return max(finished, key=lambda f: f[0])
+  seq, logprob = alive[0]
+  return logprob / _lp(max_len, alpha), seq
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
+def test_best_finished_stop_rule_equals_its_reference_and_saves_steps(alpha):
+  # "best_finished" stops a sentence at the first step whose best candidate is EOS
+  # (OpenNMT-py, CTranslate2). Checked against a NumPy beam search with that rule;
+  # it never runs more steps than "exact" and, with a large alpha, runs fewer.
+  rng = np.random.default_rng(11)
+  batch, beam, max_len = 6, 3, 30
+  tables = _random_logits(rng, (batch, _MOD, 12, 12))
+  tables[..., EOS_ID] += 1.0
+  steps = []
+
+  def counting_model(tokens, cache, step):
+    jax.debug.callback(lambda s: steps.append(int(s)), step)
+    return _history_model(tables)(tokens, cache, step)
+
+  results = {}
+  for rule in search.STOP_RULES:
+    steps.clear()
+    seqs, scores = search.beam_search(
+        counting_model, _history_cache(batch), batch_size=batch, beam_size=beam,
+        alpha=alpha, max_decode_len=max_len, stop_rule=rule)
+    jax.block_until_ready(seqs)
+    results[rule] = (np.asarray(seqs), np.asarray(scores), len(steps))
+  seqs, scores, steps_best = results["best_finished"]
+  for b in range(batch):
+    want_score, want_seq = _beam_best_finished_np(_history_next(tables, b), beam, alpha, max_len)
+    assert list(seqs[b, 0]) == _padded(want_seq, max_len), f"sentence {b}"
+    np.testing.assert_allclose(scores[b, 0], want_score, rtol=1e-5)
+  steps_exact = results["exact"][2]
+  assert steps_best <= steps_exact
+  if alpha == 1.5:
+    assert steps_best < steps_exact, (steps_best, steps_exact)
+
+
 def test_cache_rows_follow_their_beams_with_flat_cache():
   # The history model's distribution depends on a running sum held only in
   # the cache: if rows were not gathered by parent beam, the beams would be

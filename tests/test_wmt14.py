@@ -125,7 +125,7 @@ def test_wmt14_base_runs_end_to_end(wmt14_archives, tmp_path, capsys):
   assert saved["averaged_steps"] == [2, 4, 6, 8, 10] and saved["sentences"] == 20
   assert {"sacrebleu", "paper_bleu", "chrf"} <= set(saved) and saved["references"] == "raw"
   assert saved["decoding"] == dict(method="beam", max_extra_len=50, min_length=1, beam_size=4,
-                                   alpha=0.6, finish_rule="t2t")
+                                   alpha=0.6, finish_rule="t2t", stop_rule="exact")
   assert 0.0 <= saved["paper_bleu"] <= 100.0 and scores["sacrebleu"] == saved["sacrebleu"]
 
 

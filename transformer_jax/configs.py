@@ -122,6 +122,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       hint = f"; did you mean {', '.join('config.' + c for c in close)}?" if close else ""
       raise UserError(f"unknown config key config.{key}{hint}")
   check_learned_positions(config)
+  if config.model.get("quantize"):
+    raise UserError(f"config.model.quantize={config.model.quantize!r} is for decoding a trained "
+                    "run (translate or evaluate --quantize=int8); train with quantize=''")
   for key in ("num_train_steps", "gradient_accumulation_steps", "log_every_steps",
               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints", "warmup_steps"):
     if int(config[key]) < 1:

@@ -71,6 +71,8 @@ def _while_in_phases(cond_fn, body_fn, state, max_decode_len: int,
 
 # Which hypotheses beam search counts as finished (`beam_search`'s `finish_rule`).
 FINISH_RULES = ("t2t", "fairseq")
+# When beam search stops a sentence (`beam_search`'s `stop_rule`).
+STOP_RULES = ("exact", "best_finished")
 
 
 def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
@@ -200,7 +202,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 early_stopping: bool = True,
                 cache_lengths: Sequence[int] = (),
                 grow_cache: GrowCache | None = None,
-                finish_rule: str = "t2t") -> tuple[jax.Array, jax.Array]:
+                finish_rule: str = "t2t",
+                stop_rule: str = "exact") -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty (paper §6.1), best first.
 
   Each step extends the alive beams, keeps the 2*beam best candidates, moves
@@ -221,11 +224,21 @@ def beam_search(tokens_to_logits: TokensToLogits,
     eos_id, bos_id: special token ids.
     ignore_eos: EOS is an ordinary token and nothing finishes: every
       sentence decodes exactly `max_lengths[b]` tokens (for benchmarks).
-    early_stopping: stop a sentence once no alive beam can beat its
+    early_stopping: stop sentences early by `stop_rule`; False: every
+      sentence runs to its maximum length.
+    stop_rule: "exact": stop a sentence once no alive beam can beat its
       `beam_size`-th finished one. The bound divides the best alive
       log-probability by the largest possible penalty lp(max_lengths[b]),
       which is exact because log-probabilities only fall and lp grows with
-      length (alpha >= 0). Results equal those with `early_stopping=False`.
+      length (alpha >= 0): results equal those with `early_stopping=False`.
+      With a large alpha that bound is loose (a long hypothesis is divided
+      by a large penalty), so sentences often run to their maximum length.
+      "best_finished": stop a sentence at the first step whose best
+      candidate ends in EOS, and return the best finished hypotheses so far
+      (the rule of OpenNMT-py's and CTranslate2's beam search for one
+      hypothesis). An alive beam that would have finished better later is
+      lost, so results can differ from "exact"; most sentences stop soon
+      after their best translation ends.
     cache_lengths, grow_cache: a growing cache (module docstring).
     finish_rule: "t2t" (tensor2tensor, the paper's code): every one of the
       2*beam candidates that ends in EOS is finished, and hypotheses cut at
@@ -245,6 +258,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
   _validate(max_decode_len, beam_size=beam_size, alpha=alpha)
   if finish_rule not in FINISH_RULES:
     raise UserError(f"finish_rule={finish_rule!r} is not one of {', '.join(FINISH_RULES)}")
+  if stop_rule not in STOP_RULES:
+    raise UserError(f"stop_rule={stop_rule!r} is not one of {', '.join(STOP_RULES)}")
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
   rows = batch_size * beam_size
 
@@ -335,9 +350,11 @@ def beam_search(tokens_to_logits: TokensToLogits,
     finished_scores = keep(s.finished_scores, finished_scores)
 
     done = s.done | (t + 1 >= max_lengths)
-    if early_stopping and not ignore_eos:
+    if early_stopping and not ignore_eos and stop_rule == "exact":
       best_possible = alive_logprobs[:, 0] / length_penalty(max_lengths, alpha)
       done |= finished_scores[:, -1] > best_possible
+    if early_stopping and not ignore_eos and stop_rule == "best_finished":
+      done |= finishes[:, 0]  # This step's best candidate ended in EOS.
     return _BeamState(t + 1, alive_seqs, alive_logprobs, finished_seqs,
                       finished_scores, done, cache)
 

@@ -24,6 +24,7 @@ from transformer_jax import sharding
 from transformer_jax.decode import prefix_lm, search
 from transformer_jax.decode.cache import grow_cache, init_cache, split_cache, step_logits
 from transformer_jax.errors import UserError
+from transformer_jax.model import precision
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
@@ -53,6 +54,8 @@ class DecodeOptions:
   # finds one, as an EOS at step 0 pays no length penalty (fairseq's min_len does the same).
   min_length: int = 1
   finish_rule: str = "t2t"  # Beam search: which hypotheses finish (search.beam_search).
+  stop_rule: str = "exact"  # Beam search: when a sentence stops (search.beam_search).
+  quantize: str = ""  # "int8": the weight matmuls in int8 (ModelConfig.quantize).
 
   @classmethod
   def from_config(cls, config: Any) -> "DecodeOptions":
@@ -79,6 +82,12 @@ class DecodeOptions:
     if self.finish_rule not in search.FINISH_RULES:
       raise UserError(f"--beam_finish={self.finish_rule!r} is not one of "
                       f"{', '.join(search.FINISH_RULES)}")
+    if self.quantize not in precision.QUANTIZATIONS:
+      raise UserError(f"--quantize={self.quantize!r} is not a quantization: use int8, or "
+                      "leave it empty for the weights as trained")
+    if self.stop_rule not in search.STOP_RULES:
+      raise UserError(f"--beam_stop={self.stop_rule!r} is not one of "
+                      f"{', '.join(search.STOP_RULES)}")
     if self.temperature <= 0:
       raise UserError(f"--temperature={self.temperature} must be > 0 (1: the model's own "
                       "distribution; greedy search is the limit of 0)")
@@ -126,7 +135,7 @@ def decode_batch(
   if options.method == "beam":
     sequences, _ = search.beam_search(
         beam_step, beam_cache, batch_size, options.beam_size, options.alpha,
-        finish_rule=options.finish_rule, **common
+        finish_rule=options.finish_rule, stop_rule=options.stop_rule, **common
     )
     return sequences[:, 0]
   if options.method == "greedy":
@@ -160,6 +169,8 @@ class Translator:
   """Jitted, sharded decoding of token batches for one model and set of params."""
 
   def __init__(self, model: Transformer | DecoderOnly, params, mesh, options: DecodeOptions):
+    if options.quantize != model.config.quantize:
+      model = model.clone(config=dataclasses.replace(model.config, quantize=options.quantize))
     self.model, self.params, self.mesh, self.options = model, params, mesh, options
 
   def max_decode_len(self, src_len: int) -> int:

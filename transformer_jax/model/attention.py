@@ -201,6 +201,7 @@ class MultiHeadAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   matmul_dtype: Any = None
   use_bias: bool = False
+  quantize: str = ""  # "int8": the projections run through precision.int8_matmul (inference).
 
   @property
   def _operand_dtype(self) -> Any:
@@ -209,6 +210,12 @@ class MultiHeadAttention(nn.Module):
 
   def _matmul(self, subscripts: str, lhs: Array, rhs: Array, bf16_gradients: bool = True) -> Array:
     return precision.einsum(subscripts, lhs, rhs, self._operand_dtype, self.dtype, bf16_gradients)
+
+  def _weight_matmul(self, inputs: Array, kernel: Array) -> Array:
+    """inputs[m, d] · kernel[d, n], a projection: int8 where `quantize` says so."""
+    if self.quantize == "int8":
+      return precision.int8_matmul(inputs, kernel, self.dtype)
+    return self._matmul("md,dn->mn", inputs, kernel)
 
   def _kernel(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], fan_in: tuple) -> Array:
     """A float32 projection matrix, Glorot-uniform over its (in, out) axes."""
@@ -239,9 +246,8 @@ class MultiHeadAttention(nn.Module):
     widths = [self.num_heads * depth for _, depth in names_and_depths]
     fused = jnp.concatenate([k.reshape(self.d_model, w) for k, w in zip(kernels, widths)], axis=1)
     batch, length = inputs.shape[:2]
-    projected = self._matmul(
-        "md,dn->mn", inputs.astype(self.dtype).reshape(batch * length, self.d_model), fused
-    )
+    projected = self._weight_matmul(
+        inputs.astype(self.dtype).reshape(batch * length, self.d_model), fused)
     if self.use_bias:
       projected = projected + jnp.concatenate([
           self._bias(f"{name}_bias", (self.num_heads, depth), ("heads", "kv")).reshape(-1)
@@ -314,9 +320,8 @@ class MultiHeadAttention(nn.Module):
     )
     batch, length = attended.shape[:2]
     flat = attended.reshape(batch * length, self.num_heads * self.d_v)
-    output = self._matmul(
-        "mk,kn->mn", flat, output_kernel.reshape(self.num_heads * self.d_v, self.d_model)
-    )
+    output = self._weight_matmul(
+        flat, output_kernel.reshape(self.num_heads * self.d_v, self.d_model))
     if self.use_bias:
       output = output + self._bias("out_bias", (self.d_model,), ("embed",))
     return output.reshape(batch, length, self.d_model)

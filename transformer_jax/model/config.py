@@ -31,6 +31,7 @@ _CHOICES = {
     "attention_impl": ATTENTION_IMPLEMENTATIONS,
     "dtype": tuple(DTYPES),
     "matmul_dtype": ("", "auto") + tuple(DTYPES),
+    "quantize": precision.QUANTIZATIONS,
 }
 
 
@@ -73,6 +74,9 @@ class ModelConfig:
                                   # (precision.py); "bfloat16" with dtype "float32" is mixed
                                   # precision, fast on CPUs with AVX512-BF16 or AMX; "auto":
                                   # bfloat16 where that is native (precision.native_bfloat16).
+  quantize: str = ""              # Decoding only: "int8" runs every weight matmul (projections,
+                                  # feed-forward, logits) in int8 (precision.int8_matmul);
+                                  # set by translate/evaluate --quantize, refused by training.
 
   def __post_init__(self):
     for key in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len",

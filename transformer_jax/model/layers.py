@@ -43,6 +43,7 @@ def dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
           precision.dot_general,
           operand_dtype=config.matmul_operand_dtype,
           result_dtype=config.compute_dtype,
+          quantize=config.quantize,
       ),
       kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(), axes),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
@@ -53,6 +54,9 @@ def dense(config: ModelConfig, features: int, axes: tuple[str, str], name: str,
 def attend(embedding: nn.Embed, x: Array, config: ModelConfig) -> Array:
   """Logits [batch, length, vocab] = x · Eᵀ, the shared pre-softmax weights (§3.4)."""
   table = jnp.asarray(embedding.embedding, config.compute_dtype)
+  if config.quantize == "int8":  # One scale per vocabulary entry (a row of the table).
+    logits = precision.int8_matmul(x.reshape(-1, x.shape[-1]), table.T, config.compute_dtype)
+    return logits.reshape(*x.shape[:-1], table.shape[0])
   logits = precision.einsum(  # As a 2-D product: see precision._low_precision_product.
       "md,vd->mv",
       x.reshape(-1, x.shape[-1]),
@@ -159,6 +163,7 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       dtype=config.compute_dtype,
       matmul_dtype=config.matmul_operand_dtype,
       use_bias=config.attention_bias,
+      quantize=config.quantize,
       name=name,
   )
 

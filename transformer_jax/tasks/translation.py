@@ -151,9 +151,11 @@ def decoding_settings(options: DecodeOptions) -> dict:
   """The search that made a score, written beside it (greedy: no beam or α)."""
   settings = dict(method=options.method, max_extra_len=options.max_extra_len,
                   min_length=options.min_length)
+  if options.quantize:
+    settings.update(quantize=options.quantize)
   if options.method == "beam":
     settings.update(beam_size=options.beam_size, alpha=options.alpha,
-                    finish_rule=options.finish_rule)
+                    finish_rule=options.finish_rule, stop_rule=options.stop_rule)
   if options.method == "sample":
     settings.update(temperature=options.temperature, top_k=options.top_k)
   return settings
