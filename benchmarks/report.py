@@ -155,8 +155,8 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
             "Sentences a second over the whole file (median of the paired rounds) and each "
             "engine's BLEU on it; the same exported weights, beam and length limit.", "",
             "| date | device | run | sentences | beam | α | our stop rule | engine | sentences/s "
-            "| ours over it | sacreBLEU | tok-lc BLEU (the references lowercased and "
-            "Moses-tokenized) | load | note |",
+            "| ours over it | sacreBLEU (raw references only) | tok-lc BLEU (raw references "
+            "lowercased and Moses-tokenized first) | load | note |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in (r for r in runs if r["mode"] == "translate_real"):
     ours = r["engines"]["jax"]["sentences_per_s"]
@@ -167,7 +167,8 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
           f"| {r.get('beam_stop') or ('exact' if r['beam_size'] > 1 else '')} "
           f"| {name}{' (int8 weight matmuls)' if name == 'jax' and r.get('quantize') else ''} "
           f"| {e['sentences_per_s']:,.1f} | {ratio(ours / e['sentences_per_s']) if name != 'jax' else ''} "
-          f"| {e['sacrebleu']:.2f} | {e['tok_bleu']:.2f} | {load(r)} | {r.get('note', '')} |")
+          f"| {'–' if e['sacrebleu'] is None else format(e['sacrebleu'], '.2f')} "
+          f"| {e['tok_bleu']:.2f} | {load(r)} | {r.get('note', '')} |")
   lines += ["", "### Data path at scale (`data_scale.py`)", "",
             "Seconds and peak RSS of each stage at the run's size; in brackets, the growth "
             "from a tenth of it (10× is linear); then the extrapolation to `extrapolate_to` "

@@ -14,7 +14,10 @@ dev split (its first `--bleu_sentences`) is decoded with the config's beam
 search and scored; the result goes to `<runs_dir>/<row>/ablation_row.json`.
 
 Rerunning the same command resumes: finished rows are skipped, a half-trained
-row resumes from its last checkpoint. Launchers:
+row resumes from its last checkpoint. Each scored row is also kept in
+results/<sweep>/rows/<row>.json (its result and training curve), so a sweep
+committed with its results resumes on another machine without the run
+folders: rows kept there are not trained again. Launchers:
 - local: rows train in this process, one after another;
 - subprocess: each row is a `python -m transformer_jax.train` child;
 - print: writes one train command per row to results/<sweep>/commands.sh for a
@@ -205,14 +208,28 @@ def training_finished(workdir: Path, steps: int) -> bool:
   return any(r["split"] == "eval" and r["step"] == steps for r in read_metrics(workdir))
 
 
-def finished_result(workdir: Path, config: ml_collections.ConfigDict) -> dict | None:
-  """The row's saved result if it was scored for this config, else None."""
-  path = workdir / RESULT_FILE
-  if not path.exists():
-    return None
-  result = json.loads(path.read_text())
+def kept_row_path(sweep_dir: Path, name: str) -> Path:
+  """results/<sweep>/rows/<row>.json: a scored row's result and its metrics, kept with the table."""
+  return sweep_dir / "rows" / f"{name}.json"
+
+
+def finished_result(workdir: Path, config: ml_collections.ConfigDict,
+                    kept: Path | None = None) -> dict | None:
+  """The row's result if it was scored for this config (in its run folder, else kept), or None."""
   wanted = json.loads(config.to_json_best_effort())
-  return result if result.get("config") == wanted else None
+  for path in (workdir / RESULT_FILE, kept):
+    if path is not None and path.exists():
+      result = json.loads(path.read_text())
+      if result.get("config") == wanted:
+        return result
+  return None
+
+
+def keep_row(sweep_dir: Path, name: str, result: dict, metrics: list[dict]) -> None:
+  """Writes `kept_row_path`: the result with the row's metrics.jsonl records."""
+  path = kept_row_path(sweep_dir, name)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(dict(result, metrics=metrics), indent=1, default=str))
 
 
 # --- Training and scoring ---------------------------------------------------------
@@ -312,12 +329,13 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
   for row in tqdm(rows, desc=f"sweep {sweep_dir.name}", unit=" rows", disable=None,
                   file=sys.stderr):
     config, workdir = configs[row.name], runs_dir / row.name
+    kept = kept_row_path(sweep_dir, row.name)
     if mine is not None and row is not mine:  # Another array task's row: report it if done.
-      done = finished_result(workdir, config)
+      done = finished_result(workdir, config, kept)
       if done is not None:
         results[row.name] = done
       continue
-    done = finished_result(workdir, config)
+    done = finished_result(workdir, config, kept)
     if done is not None:
       log(f"[{row.name}] finished earlier: skipped")
       results[row.name] = done
@@ -342,6 +360,7 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
     result.update(row=row.name, overrides=row.overrides,
                   config=json.loads(config.to_json_best_effort()))
     (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+    keep_row(sweep_dir, row.name, result, read_metrics(workdir))
     results[row.name] = result
     write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)  # After every row.
   if launcher == "print":
@@ -442,7 +461,9 @@ def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
   partial = sweep_dir / f"table.md.{os.getpid()}.tmp"
   partial.write_text(text)
   os.replace(partial, sweep_dir / "table.md")
-  plot_curves(sweep_dir / "curves.png", {r.name: read_metrics(runs_dir / r.name) for r in rows})
+  plot_curves(sweep_dir / "curves.png",
+              {r.name: read_metrics(runs_dir / r.name) or results.get(r.name, {}).get("metrics", [])
+               for r in rows})
 
 
 def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:

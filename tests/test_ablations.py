@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import time
@@ -115,6 +117,19 @@ def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path):
   assert messages == ["[base] finished earlier: skipped", "[D_ls0] finished earlier: skipped"]
   assert {n: p.stat().st_mtime_ns for n, p in result_files.items()} == stamps
   assert again["base"]["dev_perplexity"] == results["base"]["dev_perplexity"]
+
+  # Committed results alone (a fresh machine: no run folders) resume the sweep too, and
+  # its curves are drawn from the kept metrics.
+  kept = json.loads(ablations.kept_row_path(sweep_dir, "D_ls0").read_text())
+  assert {r["split"] for r in kept["metrics"]} >= {"train", "eval"}, kept["metrics"]
+  shutil.rmtree(runs_dir)
+  (sweep_dir / "curves.png").unlink()
+  messages.clear()
+  fresh = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=4,
+                              log=messages.append)
+  assert messages == ["[base] finished earlier: skipped", "[D_ls0] finished earlier: skipped"]
+  assert fresh["D_ls0"]["dev_perplexity"] == results["D_ls0"]["dev_perplexity"]
+  assert len((sweep_dir / "curves.png").read_bytes()) > 5000
 
   # A cluster launcher lists only the rows still to train, one command each.
   extra = ablations.parse_row("narrow:model.d_ff=32")

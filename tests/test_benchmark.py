@@ -102,3 +102,31 @@ def test_data_scale_benchmark_times_every_stage(tmp_path, data_dir):
   assert row["stages"]["tokenize"]["extrapolated_seconds"] == pytest.approx(want)
   assert not (tmp_path / "work").exists(), "the scratch corpus is deleted"
   assert "### Data path at scale" in (tmp_path / "README.md").read_text()
+
+
+def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_path,
+                                                                          tmp_path_factory):
+  """A trained run's own sentences through both engines, with our int8 weight matmuls and
+  the best_finished stop rule; each engine's BLEU beside its speed."""
+  pytest.importorskip("ctranslate2", reason="pip install -e '.[test]' (ctranslate2)")
+  import random
+
+  from fault_tolerance import runner
+  from transformer_jax.data.generated import sample_pair
+
+  _, workdir = runner.shared_run(tmp_path_factory)
+  pairs = [sample_pair(random.Random(20_000 + i)) for i in range(6)]
+  source, reference = tmp_path / "source.txt", tmp_path / "reference.txt"
+  source.write_text("".join(s + "\n" for s, _ in pairs))
+  reference.write_text("".join(t + "\n" for _, t in pairs))
+  result = run_benchmark(tmp_path, "translate_real.py", f"--workdir={workdir}",
+                         "--checkpoint=latest", f"--source={source}",
+                         f"--reference={reference}", "--beam_size=2", "--repeats=1",
+                         "--beam_stop=best_finished", "--quantize=int8",
+                         "--ct2_compute_types=float32", "--json")
+  assert result["beam_stop"] == "best_finished" and result["quantize"] == "int8"
+  assert set(result["engines"]) == {"jax", "ct2_float32"}, result["engines"].keys()
+  for engine in result["engines"].values():
+    assert engine["sentences_per_s"] > 0 and engine["sacrebleu"] is not None  # Raw text.
+  assert result["engines"]["jax"]["jax_over_ct2_float32"] > 0
+  assert "| jax (int8 weight matmuls) |" in (tmp_path / "README.md").read_text()
