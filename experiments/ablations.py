@@ -213,6 +213,38 @@ def kept_row_path(sweep_dir: Path, name: str) -> Path:
   return sweep_dir / "rows" / f"{name}.json"
 
 
+# Where this machine keeps its data: not part of what a row is, so not compared.
+MACHINE_KEYS = ("data.data_dir", "data.prepared_dir")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = value
+  return flat
+
+
+def same_row_config(stored: dict, wanted: dict) -> bool:
+  """Whether a saved result's config is this row's: equal on every key, except this
+  machine's data paths and keys added since it was saved that still hold their default."""
+  from transformer_jax.configs import default_config
+
+  stored, wanted = _flat(stored), _flat(wanted)
+  defaults = _flat(json.loads(default_config().to_json_best_effort()))
+  for key in set(stored) | set(wanted):
+    if key in MACHINE_KEYS:
+      continue
+    if key not in stored:
+      if key not in defaults or wanted[key] != defaults[key]:
+        return False
+    elif key not in wanted or stored[key] != wanted[key]:
+      return False
+  return True
+
+
 def finished_result(workdir: Path, config: ml_collections.ConfigDict,
                     kept: Path | None = None) -> dict | None:
   """The row's result if it was scored for this config (in its run folder, else kept), or None."""
@@ -220,9 +252,14 @@ def finished_result(workdir: Path, config: ml_collections.ConfigDict,
   for path in (workdir / RESULT_FILE, kept):
     if path is not None and path.exists():
       result = json.loads(path.read_text())
-      if result.get("config") == wanted:
+      if same_row_config(result.get("config", {}), wanted):
         return result
   return None
+
+
+def scored_as(result: dict, bleu_metric: str, bleu_sentences: int) -> bool:
+  """Whether a result's dev BLEU is `bleu_metric` over the first `bleu_sentences` sentences."""
+  return result.get("bleu_metric") == bleu_metric and result.get("bleu_sentences") == bleu_sentences
 
 
 def keep_row(sweep_dir: Path, name: str, result: dict, metrics: list[dict]) -> None:
@@ -336,12 +373,19 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
         results[row.name] = done
       continue
     done = finished_result(workdir, config, kept)
-    if done is not None:
-      log(f"[{row.name}] finished earlier: skipped")
+    trained = training_finished(workdir, config.num_train_steps)
+    if done is not None and (scored_as(done, bleu_metric, bleu_sentences) or not trained):
+      if scored_as(done, bleu_metric, bleu_sentences):
+        log(f"[{row.name}] finished earlier: skipped")
+      else:  # Scored otherwise, and no trained run here to score again.
+        log(f"[{row.name}] kept as scored: {done.get('bleu_metric')} over "
+            f"{done.get('bleu_sentences', 'unrecorded')} dev sentences (its run folder is "
+            "not here to score again)")
+      if not kept.exists():  # Scored before rows were kept: keep it now.
+        keep_row(sweep_dir, row.name, done, read_metrics(workdir))
       results[row.name] = done
       continue
     command = train_command(config_spec, flag_args or [], row, workdir)
-    trained = training_finished(workdir, config.num_train_steps)
     if launcher == "print":
       if not trained:
         commands.append(shlex.join(command))
@@ -357,7 +401,7 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
         continue
     log(f"[{row.name}] scoring the dev split")
     result = score_row(config, workdir, bleu_sentences, bleu_metric)
-    result.update(row=row.name, overrides=row.overrides,
+    result.update(row=row.name, overrides=row.overrides, bleu_sentences=bleu_sentences,
                   config=json.loads(config.to_json_best_effort()))
     (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
     keep_row(sweep_dir, row.name, result, read_metrics(workdir))

@@ -89,7 +89,7 @@ def test_seeds_expand_rows_and_the_table_says_where_ours_agrees_with_the_paper(a
   assert ablations.direction((5.0, 0.1, 3), (4.0, 0.1, 3), 0.0).startswith("paper: no change")
 
 
-def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path):
+def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, monkeypatch):
   base = tiny_base()
   rows = ablations.table3_rows(["base", "D_ls0"], "paper", base.num_train_steps)
   sweep_dir, runs_dir = tmp_path / "results" / "smoke", tmp_path / "runs"
@@ -123,13 +123,26 @@ def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path):
   kept = json.loads(ablations.kept_row_path(sweep_dir, "D_ls0").read_text())
   assert {r["split"] for r in kept["metrics"]} >= {"train", "eval"}, kept["metrics"]
   shutil.rmtree(runs_dir)
-  (sweep_dir / "curves.png").unlink()
+  plotted = {}
+  monkeypatch.setattr(ablations, "plot_curves", lambda path, metrics: plotted.update(metrics))
   messages.clear()
   fresh = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=4,
                               log=messages.append)
   assert messages == ["[base] finished earlier: skipped", "[D_ls0] finished earlier: skipped"]
   assert fresh["D_ls0"]["dev_perplexity"] == results["D_ls0"]["dev_perplexity"]
-  assert len((sweep_dir / "curves.png").read_bytes()) > 5000
+  assert plotted["D_ls0"] == kept["metrics"] and plotted["base"], plotted.keys()
+  # Asked for other dev sentences without the trained run to score again: kept as scored.
+  messages.clear()
+  ablations.run_sweep(base, rows[:1], sweep_dir, runs_dir, bleu_sentences=8, log=messages.append)
+  metric = results["base"]["bleu_metric"]
+  assert messages == [f"[base] kept as scored: {metric} over 4 dev sentences (its run folder "
+                      "is not here to score again)"], messages
+  assert ablations.same_row_config({"model": {"d_ff": 64}}, {"model": {"d_ff": 64}})
+  assert not ablations.same_row_config({"model": {"d_ff": 64}}, {"model": {"d_ff": 32}})
+  assert ablations.same_row_config({"data": {"data_dir": "/a"}}, {"data": {"data_dir": "/b"}})
+  # A key added since (at its default) still matches; set to something else, it does not.
+  assert ablations.same_row_config({}, {"model": {"quantize": ""}})
+  assert not ablations.same_row_config({}, {"model": {"quantize": "int8"}})
 
   # A cluster launcher lists only the rows still to train, one command each.
   extra = ablations.parse_row("narrow:model.d_ff=32")

@@ -193,7 +193,8 @@ def test_int8_translator_decodes_the_int8_model(model_and_params, method):
   decoder = translator.Translator(model, params, mesh, options)
   assert decoder.model.config.quantize == "int8" and model.config.quantize == ""
   out = decoder(np.asarray(SRC))
-  want = translator.decode_batch(decoder.model, params, SRC, options, SRC.shape[1] + 50)
+  assert "xi8>" in decoder.lower(np.asarray(SRC)).as_text()  # int8 operands in the search.
+  want = translator.decode_batch(model, params, SRC, options, SRC.shape[1] + 50)  # Float model in.
   np.testing.assert_array_equal(out, np.asarray(want))
   if method == "greedy":  # Each greedy token is the int8 model's argmax given the prefix.
     inputs = shift_right(jnp.asarray(out[:, :8]))

@@ -314,11 +314,14 @@ def test_early_stopping_does_not_change_results_and_saves_steps():
   assert np.all(np.isfinite(scores_a)), "every beam should have finished"
 
 
-def _beam_best_finished_np(next_logprobs, beam: int, alpha: float, max_len: int):
-  """NumPy beam search (t2t finishing) that stops once a step's best candidate ends.
+def _beam_best_finished_np(next_logprobs, beam: int, alpha: float, max_len: int,
+                           finish_rule: str = "t2t"):
+  """NumPy beam search that stops once a step's best candidate ends in EOS.
 
-  Returns (score, tokens) of the best finished hypothesis, or of the best alive
-  beam if nothing finished within `max_len` tokens.
+  t2t: every EOS among the 2·beam candidates finishes, and the best alive beam is
+  returned only if nothing finished; fairseq: only EOS candidates ranked within the
+  beam finish, and beams cut at `max_len` compete with the finished ones.
+  Returns (score, tokens) of the best hypothesis.
   """
   alive, finished = [([], 0.0)], []
   for t in range(max_len):
@@ -328,18 +331,20 @@ def _beam_best_finished_np(next_logprobs, beam: int, alpha: float, max_len: int)
       candidates += [(logprob + dist[token], prefix + [int(token)])
                      for token in np.flatnonzero(np.isfinite(dist))]
     top = sorted(candidates, key=lambda c: -c[0])[:2 * beam]
-    finished += [(logprob / _lp(t + 1, alpha), seq) for logprob, seq in top if seq[-1] == EOS_ID]
+    finished += [(logprob / _lp(t + 1, alpha), seq) for rank, (logprob, seq) in enumerate(top)
+                 if seq[-1] == EOS_ID and (finish_rule == "t2t" or rank < beam)]
     alive = [(seq, logprob) for logprob, seq in top if seq[-1] != EOS_ID][:beam]
     if top[0][1][-1] == EOS_ID:
-      break
-  if finished:
-    return max(finished, key=lambda f: f[0])
-  seq, logprob = alive[0]
-  return logprob / _lp(max_len, alpha), seq
+      return max(finished, key=lambda f: f[0])
+  cut = [(logprob / _lp(max_len, alpha), seq) for seq, logprob in alive]
+  if finish_rule == "fairseq":
+    return max(finished + cut, key=lambda f: f[0])
+  return max(finished or cut, key=lambda f: f[0])
 
 
+@pytest.mark.parametrize("finish_rule", search.FINISH_RULES)
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
-def test_best_finished_stop_rule_equals_its_reference_and_saves_steps(alpha):
+def test_best_finished_stop_rule_equals_its_reference_and_saves_steps(alpha, finish_rule):
   # "best_finished" stops a sentence at the first step whose best candidate is EOS
   # (OpenNMT-py, CTranslate2). Checked against a NumPy beam search with that rule;
   # it never runs more steps than "exact" and, with a large alpha, runs fewer.
@@ -358,12 +363,13 @@ def test_best_finished_stop_rule_equals_its_reference_and_saves_steps(alpha):
     steps.clear()
     seqs, scores = search.beam_search(
         counting_model, _history_cache(batch), batch_size=batch, beam_size=beam,
-        alpha=alpha, max_decode_len=max_len, stop_rule=rule)
+        alpha=alpha, max_decode_len=max_len, stop_rule=rule, finish_rule=finish_rule)
     jax.block_until_ready(seqs)
     results[rule] = (np.asarray(seqs), np.asarray(scores), len(steps))
   seqs, scores, steps_best = results["best_finished"]
   for b in range(batch):
-    want_score, want_seq = _beam_best_finished_np(_history_next(tables, b), beam, alpha, max_len)
+    want_score, want_seq = _beam_best_finished_np(_history_next(tables, b), beam, alpha, max_len,
+                                                  finish_rule)
     assert list(seqs[b, 0]) == _padded(want_seq, max_len), f"sentence {b}"
     np.testing.assert_allclose(scores[b, 0], want_score, rtol=1e-5)
   steps_exact = results["exact"][2]

@@ -164,8 +164,8 @@ def define_decode_flags() -> None:
                     "step's best candidate ends, as OpenNMT-py and CTranslate2 do; faster "
                     "with a large α).")
   flags.DEFINE_enum("quantize", "", ["", "int8"], "int8: run the weight matmuls in int8, "
-                    "one scale per weight column and per token (faster on CPUs with int8 "
-                    "dot products; its BLEU cost is in results/); empty: as trained.")
+                    "one scale per weight column and per token (faster on CPUs with fast int8 "
+                    "dot products; speed and BLEU cost: benchmarks/README.md); empty: as trained.")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
   flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0: all).")
   flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "

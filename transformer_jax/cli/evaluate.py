@@ -2,7 +2,8 @@
 
   python -m transformer_jax.evaluate --workdir=DIR --source=FILE --reference=FILE \
       [--tok_reference=FILE] [--reference_kind=auto|raw|tokenized] \
-      [--checkpoint=latest|averaged|STEP] [--beam_size=4] [--alpha=0.6]
+      [--checkpoint=latest|averaged|STEP] [--beam_size=4] [--alpha=0.6] \
+      [--beam_stop=exact|best_finished] [--quantize=int8]
 
 Prints one JSON object (sacrebleu, paper_bleu, tok_bleu, chrf, sentences,
 decode_seconds, sentences_per_second) and writes the hypotheses beside the

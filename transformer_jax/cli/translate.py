@@ -1,7 +1,8 @@
 """Translates stdin to stdout, one line out for each line in.
 
   python -m transformer_jax.translate --workdir=DIR [--checkpoint=latest|averaged|STEP] \
-      [--beam_size=4] [--alpha=0.6] < source.txt > hypotheses.txt
+      [--beam_size=4] [--alpha=0.6] [--beam_stop=exact|best_finished] [--quantize=int8] \
+      < source.txt > hypotheses.txt
 
 Sentences are sorted by length internally; empty lines give empty lines; a
 line longer than the model's maximum is truncated with a warning. Progress

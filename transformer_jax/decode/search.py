@@ -354,7 +354,11 @@ def beam_search(tokens_to_logits: TokensToLogits,
       best_possible = alive_logprobs[:, 0] / length_penalty(max_lengths, alpha)
       done |= finished_scores[:, -1] > best_possible
     if early_stopping and not ignore_eos and stop_rule == "best_finished":
-      done |= finishes[:, 0]  # This step's best candidate ended in EOS.
+      stops = finishes[:, 0] & ~done  # This step's best candidate ended in EOS.
+      # Its alive beams were not cut by the length limit: they must not compete with the
+      # finished ones at the end (fairseq's rule scores cut beams with lp(max_lengths)).
+      alive_logprobs = jnp.where(stops[:, None], neg_inf, alive_logprobs)
+      done |= stops
     return _BeamState(t + 1, alive_seqs, alive_logprobs, finished_seqs,
                       finished_scores, done, cache)
 
@@ -365,7 +369,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
   alive_scores = state.alive_logprobs / length_penalty(
       max_lengths, alpha)[:, None]
   if finish_rule == "fairseq":  # The beams cut at the length limit compete too.
-    # (An alive beam of a sentence stopped early scores below all its finished ones.)
+    # (A sentence stopped early by the exact rule: its alive beams score below all its
+    # finished ones; by best_finished: they were set to -inf.)
     scores, index = jax.lax.top_k(
         jnp.concatenate([state.finished_scores, alive_scores], axis=1), beam_size)
     sequences = jnp.take_along_axis(

@@ -95,6 +95,13 @@ class DecodeOptions:
       raise UserError(f"--top_k={self.top_k} must be >= 0 (0: sample from every token)")
 
 
+def with_quantization(model: Transformer | DecoderOnly, quantize: str) -> Transformer | DecoderOnly:
+  """`model` with its weight matmuls run as `quantize` says (ModelConfig.quantize); same params."""
+  if model.config.quantize == quantize:
+    return model
+  return model.clone(config=dataclasses.replace(model.config, quantize=quantize))
+
+
 def decode_batch(
     model: Transformer | DecoderOnly, params, src_tokens: Array, options: DecodeOptions,
     max_decode_len: int, rng: Array | None = None,
@@ -109,6 +116,7 @@ def decode_batch(
     max_decode_len: static output length; each row also stops at its own
       input length + options.max_extra_len.
   """
+  model = with_quantization(model, options.quantize)
   cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
   first_length = cache_lengths[0] if cache_lengths else max_decode_len
   if isinstance(model, DecoderOnly):  # A prefix LM: the source is the prompt, attended both ways.
@@ -169,8 +177,7 @@ class Translator:
   """Jitted, sharded decoding of token batches for one model and set of params."""
 
   def __init__(self, model: Transformer | DecoderOnly, params, mesh, options: DecodeOptions):
-    if options.quantize != model.config.quantize:
-      model = model.clone(config=dataclasses.replace(model.config, quantize=options.quantize))
+    model = with_quantization(model, options.quantize)
     self.model, self.params, self.mesh, self.options = model, params, mesh, options
 
   def max_decode_len(self, src_len: int) -> int:
