@@ -213,9 +213,7 @@ class MultiHeadAttention(nn.Module):
 
   def _weight_matmul(self, inputs: Array, kernel: Array) -> Array:
     """inputs[m, d] · kernel[d, n], a projection: int8 where `quantize` says so."""
-    if self.quantize == "int8":
-      return precision.int8_matmul(inputs, kernel, self.dtype)
-    return self._matmul("md,dn->mn", inputs, kernel)
+    return precision.weight_matmul(inputs, kernel, self._operand_dtype, self.dtype, self.quantize)
 
   def _kernel(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...], fan_in: tuple) -> Array:
     """A float32 projection matrix, Glorot-uniform over its (in, out) axes."""

@@ -100,6 +100,15 @@ def int8_matmul(lhs: Array, rhs: Array, result_dtype: Any) -> Array:
   return (product.astype(jnp.float32) * lhs_scale * rhs_scale).astype(result_dtype)
 
 
+def weight_matmul(inputs: Array, weights: Array, operand_dtype: Any, result_dtype: Any,
+                  quantize: str = "") -> Array:
+  """inputs[m, d] · weights[d, n], a layer's weight product: `int8_matmul` where
+  `quantize` is "int8", else `einsum` with `operand_dtype` operands."""
+  if quantize == "int8":
+    return int8_matmul(inputs, weights, result_dtype)
+  return einsum("md,dn->mn", inputs, weights, operand_dtype, result_dtype)
+
+
 def dot_general(
     lhs: Array,
     rhs: Array,
@@ -124,10 +133,7 @@ def dot_general(
   leading = lhs.shape[:-1]
   flat = lhs.reshape(-1, lhs.shape[-1])
   matrix = rhs.reshape(rhs.shape[0], -1)
-  if quantize == "int8":
-    product = int8_matmul(flat, matrix, result_dtype)
-  else:
-    product = einsum("md,dn->mn", flat, matrix, operand_dtype, result_dtype)
+  product = weight_matmul(flat, matrix, operand_dtype, result_dtype, quantize)
   return product.reshape(*leading, *rhs.shape[1:])
 
 
