@@ -51,3 +51,28 @@ def tiny_model_config():
   config = default_model_config()
   config.update(dict(vocab_size=64, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=64))
   return config
+
+
+@pytest.fixture
+def step_by_step_logits():
+  """Teacher-forced logits [batch, target_len, vocab] from the KV-cached decoder, one token a step.
+
+  Called as `step_by_step_logits(model, params, src_tokens, decoder_inputs)` inside or
+  outside jit; the full forward pass should give the same logits.
+  """
+  import jax.numpy as jnp
+
+  from transformer_jax.decode import cache as kv_cache
+  from transformer_jax.model.transformer import Transformer
+
+  def run(model, params, src_tokens, decoder_inputs):
+    encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
+    cache = kv_cache.init_cache(model, params, encoded, src_tokens, decoder_inputs.shape[1])
+    step_fn = kv_cache.step_logits(model, params, src_tokens)
+    logits = []
+    for step in range(decoder_inputs.shape[1]):
+      step_logits, cache = step_fn(decoder_inputs[:, step : step + 1], cache, step)
+      logits.append(step_logits)
+    return jnp.stack(logits, axis=1)
+
+  return run

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from transformer_jax.decode import cache as kv_cache
 from transformer_jax.decode import prefix_lm
 from transformer_jax.decode.translator import DecodeOptions, decode_batch
 from transformer_jax.errors import UserError
@@ -288,7 +287,8 @@ def _model_pair(model_class, config):
   return model_class(config), model_class(chunked)
 
 
-def test_encoder_decoder_with_chunked_attention_trains_and_decodes_as_plain(tiny_model_config):
+def test_encoder_decoder_with_chunked_attention_trains_and_decodes_as_plain(tiny_model_config,
+                                                                          step_by_step_logits):
   plain, chunked = _model_pair(Transformer, tiny_model_config)
   inputs = shift_right(TARGETS)
   params = jax.jit(plain.init)(jax.random.key(0), SRC, inputs)["params"]
@@ -305,15 +305,8 @@ def test_encoder_decoder_with_chunked_attention_trains_and_decodes_as_plain(tiny
 
   @functools.partial(jax.jit, static_argnums=0)
   def incremental_and_beams(model):
-    encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    cache = kv_cache.init_cache(model, params, encoded, SRC, inputs.shape[1])
-    step_fn = kv_cache.step_logits(model, params, SRC)
-    logits = []
-    for step in range(inputs.shape[1]):
-      step_logits, cache = step_fn(inputs[:, step:step + 1], cache, step)
-      logits.append(step_logits)
     beams = decode_batch(model, params, SRC, DecodeOptions(beam_size=3, alpha=0.6), 12)
-    return jnp.stack(logits, axis=1), beams
+    return step_by_step_logits(model, params, SRC, inputs), beams
 
   (got_steps, got_beams), (want_steps, want_beams) = map(incremental_and_beams, (chunked, plain))
   valid = np.asarray(TARGETS != 0)

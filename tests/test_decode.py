@@ -27,22 +27,12 @@ def model_and_params():
   return model, params
 
 
-def test_cached_decoding_equals_full_recomputation(model_and_params):
+def test_cached_decoding_equals_full_recomputation(model_and_params, step_by_step_logits):
   model, params = model_and_params
   targets = jnp.array([[20, 21, 22, 23, EOS_ID], [24, 25, 26, EOS_ID, 0]])
   inputs = shift_right(targets)
   full = jax.jit(model.apply)({"params": params}, SRC, inputs)
-
-  @jax.jit
-  def incremental(params):
-    encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    cache = kv_cache.init_cache(model, params, encoded, SRC, inputs.shape[1])
-    step_fn = kv_cache.step_logits(model, params, SRC)
-    logits = []
-    for step in range(inputs.shape[1]):
-      step_logits, cache = step_fn(inputs[:, step : step + 1], cache, step)
-      logits.append(step_logits)
-    return jnp.stack(logits, axis=1)
+  incremental = jax.jit(lambda params: step_by_step_logits(model, params, SRC, inputs))
 
   valid = np.asarray(targets != 0)  # PAD positions have no defined next token.
   np.testing.assert_allclose(

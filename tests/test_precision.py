@@ -160,7 +160,7 @@ def test_mixed_model_keeps_float32_parameters_and_tracks_the_float32_model(tiny_
   assert relative < 0.05, relative
 
 
-def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config):
+def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config, step_by_step_logits):
   model = _model(tiny_model_config, "bfloat16")
   inputs = shift_right(TARGETS)
   params = model.init(jax.random.key(0), SRC, inputs)["params"]
@@ -172,14 +172,10 @@ def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config):
             if path[-1] != "cache_index"}
   assert set(cached) == {"cached_key", "cached_value", "cross_key", "cross_value"}
   assert set(cached.values()) == {jnp.dtype(jnp.bfloat16)}, cached
-  step_fn = kv_cache.step_logits(model, params, SRC)
-  logits = []
-  for step in range(inputs.shape[1]):
-    step_logits, cache = step_fn(inputs[:, step : step + 1], cache, step)
-    logits.append(step_logits)
   valid = np.asarray(TARGETS != 0)
-  np.testing.assert_allclose(np.asarray(jnp.stack(logits, axis=1))[valid], np.asarray(full)[valid],
-                             atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(step_by_step_logits(model, params, SRC, inputs))[valid], np.asarray(full)[valid],
+      atol=1e-4, rtol=1e-4)
 
 
 def test_unknown_matmul_dtype_is_a_one_line_error(tiny_model_config):
@@ -236,7 +232,8 @@ def test_int8_matmul_tracks_float32_and_keeps_zero_rows():
   assert 0 < relative < 0.02, relative  # Rounded for real, and by about 1 %.
 
 
-def test_int8_model_tracks_the_float32_model_and_decodes_from_its_cache(tiny_model_config):
+def test_int8_model_tracks_the_float32_model_and_decodes_from_its_cache(tiny_model_config,
+                                                                         step_by_step_logits):
   full = _model(tiny_model_config, "float32")
   quantized = full.clone(config=dataclasses.replace(full.config, quantize="int8"))
   inputs = shift_right(TARGETS)
@@ -252,15 +249,9 @@ def test_int8_model_tracks_the_float32_model_and_decodes_from_its_cache(tiny_mod
   difference = np.abs(int8_logits - full_logits)[valid]
   assert 0 < difference.max() < 0.1 * np.abs(full_logits[valid]).max(), difference.max()
   # The cached, step-by-step int8 decoder computes what the int8 model computes at once.
-  encoded = quantized.apply({"params": params}, SRC, method=Transformer.encode)
-  cache = kv_cache.init_cache(quantized, params, encoded, SRC, inputs.shape[1])
-  step_fn = kv_cache.step_logits(quantized, params, SRC)
-  logits = []
-  for step in range(inputs.shape[1]):
-    step_logits, cache = step_fn(inputs[:, step : step + 1], cache, step)
-    logits.append(step_logits)
-  np.testing.assert_allclose(np.asarray(jnp.stack(logits, axis=1))[valid], int8_logits[valid],
-                             atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(
+      np.asarray(step_by_step_logits(quantized, params, SRC, inputs))[valid], int8_logits[valid],
+      atol=1e-4, rtol=1e-4)
 
 
 def test_training_refuses_a_quantized_model():
