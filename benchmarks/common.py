@@ -271,13 +271,37 @@ def save_result(result: Result) -> pathlib.Path:
   return path
 
 
+def portable_command(args: list[str]) -> str:
+  """`args` as one line, with this machine's absolute paths written as another machine reads
+  them: under the data folder as $TRANSFORMER_JAX_DATA_DIR/..., under the repository
+  relative to its root, anywhere else as .../<name>."""
+  data_dir = os.environ.get("TRANSFORMER_JAX_DATA_DIR")
+  roots = [(pathlib.Path(data_dir).resolve(), "$TRANSFORMER_JAX_DATA_DIR/")] if data_dir else []
+  roots.append((REPO_ROOT, ""))
+
+  def portable(value: str) -> str:
+    if not value.startswith("/"):
+      return value
+    path = pathlib.Path(value).resolve()
+    for root, prefix in roots:
+      if path.is_relative_to(root):
+        return prefix + str(path.relative_to(root))
+    return f".../{path.name}"
+
+  words = []
+  for arg in args:
+    flag, equals, value = arg.partition("=")
+    words.append(flag + equals + portable(value) if equals else portable(arg))
+  return " ".join(words)
+
+
 def finish(result: Result, table: list[tuple[str, str]], start_load: list[float]) -> None:
   """Adds when and where it ran, prints `table`, saves the row, rebuilds the summary."""
   now = datetime.datetime.now()
   result.update(label=FLAGS.label, note=FLAGS.note, device=device_info(),
                 date=now.strftime("%Y-%m-%d"), time=now.strftime("%H:%M:%S"),
                 load_average=start_load, load_average_end=load_average(),
-                command=" ".join(sys.argv[1:]))
+                command=portable_command(sys.argv[1:]))
   table = table + [("device", f"{result['device']['device_kind']} × {result['device']['devices']}"
                               f" ({result['device']['host_cpu']})"),
                    ("load average", " ".join(map(str, result["load_average"])))]

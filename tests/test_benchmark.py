@@ -129,4 +129,7 @@ def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_p
   for engine in result["engines"].values():
     assert engine["sentences_per_s"] > 0 and engine["sacrebleu"] is not None  # Raw text.
   assert result["engines"]["jax"]["jax_over_ct2_float32"] > 0
+  # The saved command names no path of this machine, only what another one can read.
+  assert "/" + tmp_path.parts[1] not in result["command"], result["command"]
+  assert "--source=.../source.txt" in result["command"], result["command"]
   assert "| jax (int8 weight matmuls) |" in (tmp_path / "README.md").read_text()
