@@ -23,7 +23,8 @@ from typing import Any, Callable
 from absl import app, flags
 from ml_collections import config_flags
 
-from report import write_summary  # benchmarks/report.py (this folder is on sys.path)
+from portable_paths import portable_command  # benchmarks/portable_paths.py (on sys.path)
+from report import write_summary  # benchmarks/report.py
 from timing import median_time  # benchmarks/timing.py
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -269,30 +270,6 @@ def save_result(result: Result) -> pathlib.Path:
   data["runs"].append(result)
   path.write_text(json.dumps(data, indent=1) + "\n")
   return path
-
-
-def portable_command(args: list[str]) -> str:
-  """`args` as one line, with this machine's absolute paths written as another machine reads
-  them: under the data folder as $TRANSFORMER_JAX_DATA_DIR/..., under the repository
-  relative to its root, anywhere else as .../<name>."""
-  data_dir = os.environ.get("TRANSFORMER_JAX_DATA_DIR")
-  roots = [(pathlib.Path(data_dir).resolve(), "$TRANSFORMER_JAX_DATA_DIR/")] if data_dir else []
-  roots.append((REPO_ROOT, ""))
-
-  def portable(value: str) -> str:
-    if not value.startswith("/"):
-      return value
-    path = pathlib.Path(value).resolve()
-    for root, prefix in roots:
-      if path.is_relative_to(root):
-        return prefix + str(path.relative_to(root))
-    return f".../{path.name}"
-
-  words = []
-  for arg in args:
-    flag, equals, value = arg.partition("=")
-    words.append(flag + equals + portable(value) if equals else portable(arg))
-  return " ".join(words)
 
 
 def finish(result: Result, table: list[tuple[str, str]], start_load: list[float]) -> None:

@@ -18,6 +18,8 @@ import os
 import re
 from typing import Any, Callable
 
+from portable_paths import portable_path  # benchmarks/portable_paths.py
+
 Result = dict[str, Any]
 
 
@@ -67,7 +69,7 @@ def profile_steps(compiled, step: Callable[[], None], profile_dir: str, steps: i
       top.append(dict(op=name, seconds=seconds, share=seconds / total, shape=info["shape"],
                       category=info["category"], component=info["component"]))
   share = lambda counter: {k: round(v / total, 4) for k, v in counter.most_common()}
-  return dict(trace=traces[-1], op_seconds_per_step=total, by_category=share(by["category"]),
+  return dict(trace=portable_path(traces[-1]), op_seconds_per_step=total, by_category=share(by["category"]),
               by_component=share(by["component"]), by_pass=share(by["pass"]), top_ops=top)
 
 

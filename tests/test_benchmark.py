@@ -104,6 +104,31 @@ def test_data_scale_benchmark_times_every_stage(tmp_path, data_dir):
   assert "### Data path at scale" in (tmp_path / "README.md").read_text()
 
 
+def test_saved_commands_name_no_path_of_this_machine(tmp_path, monkeypatch):
+  """Paths under the data folder, under the repository (even when the data folder holds
+  the repository) and elsewhere are each written so another machine can read them."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      "portable_paths", REPO_ROOT / "benchmarks" / "portable_paths.py")
+  paths = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(paths)
+  data = tmp_path / "data"
+  monkeypatch.setenv("TRANSFORMER_JAX_DATA_DIR", str(data))
+  command = paths.portable_command([
+      f"--source={data}/multi30k/test2016.en", f"--config={REPO_ROOT}/experiments/configs/tiny.py",
+      f"--workdir={tmp_path}/runs/v1", "--note=/ idle host", "--config.data.variant=tok",
+      "--label=a=/b", str(data / "x.txt"), "relative/path"])
+  assert command.split(" ") == [
+      "--source=$TRANSFORMER_JAX_DATA_DIR/multi30k/test2016.en",
+      "--config=experiments/configs/tiny.py", "--workdir=.../v1", "--note=/", "idle", "host",
+      "--config.data.variant=tok", "--label=a=/b", "$TRANSFORMER_JAX_DATA_DIR/x.txt",
+      "relative/path"]
+  monkeypatch.setenv("TRANSFORMER_JAX_DATA_DIR", str(REPO_ROOT.parent))  # Holds the repository.
+  assert paths.portable_path(str(REPO_ROOT / "benchmarks")) == "benchmarks"
+  assert paths.portable_path(str(REPO_ROOT.parent / "data")) == "$TRANSFORMER_JAX_DATA_DIR/data"
+
+
 def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_path,
                                                                           tmp_path_factory):
   """A trained run's own sentences through both engines, with our int8 weight matmuls and
