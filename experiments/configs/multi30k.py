@@ -25,7 +25,7 @@ the last 3 checkpoints (one every 50 steps), beam 8, α 1.5 (checkpoint average
 and beam settings chosen on val). Then
 
   TRANSFORMER_JAX_DATA_DIR=../shared/data python experiments/report_run.py \
-      --workdir=runs/multi30k --out=results/multi30k --average=3,5,10 \
+      --workdir=runs/multi30k --out=results/multi30k/v14_tiny_cased --average=3,5,10 \
       --alphas=0.6,1.0,1.5 --beam_sizes=4,8
 
 chooses the checkpoint average, beam size and α on val and decodes test2016 once.
@@ -33,8 +33,8 @@ chooses the checkpoint average, beam size and α on val and decodes test2016 onc
 v14 (2026-12-05, 2 cores of an Intel Xeon with AMX): 4,000 steps in 49 min 28 s;
 val tok-lc BLEU 41.67; test2016 sacreBLEU 39.48, tokenized-lowercase BLEU 39.90.
 The cosine decay ends at num_train_steps, so on a slower CPU set that to the steps
-the hour holds (the trainer prints its ETA from step 50) rather than stopping the
-run early. Wu et al.'s own recipe (multi30k_wu2021_tiny.py: 8,000 steps on
+the hour holds (from the steady tokens/s, or the trainer's ETA after a few hundred
+steps: early ETAs include compiling) rather than stopping the run early. Wu et al.'s own recipe (multi30k_wu2021_tiny.py: 8,000 steps on
 lowercased text, 1 h 59 min on the same host) scores 41.40. Every run, host and
 earlier recipe: results/multi30k/README.md.
 """
@@ -67,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
   ))
   config.num_train_steps = 4_000
   config.label_smoothing = 0.1
-  # The paper's warm-up of 4000 steps is longer than this whole run.
+  # The paper's warm-up of 4000 steps is as long as this whole run.
   config.schedule = "linear_cosine"
   config.learning_rate = 5e-3
   config.warmup_steps = 1_000
