@@ -16,7 +16,9 @@ keys, for the ablation runner; `row_overrides(row, scale)` scales them.
 Paper (newstest2013, no averaging): base PPL 4.92, BLEU 25.8, 65M parameters;
 every row's numbers are in the `PAPER` dict. Here: an 8-row CPU-scale sweep
 (2026-12-01) in results/table3_cpu/ (table, curves, comparison with the
-paper); the paper scale needs WMT14 and accelerators, not run.
+paper); the paper scale needs WMT14 and accelerators, not run. The seeded
+sweep at a 3,000-step budget (3 seeds a row, mean ± std, each direction tested
+against the seeds' noise) is in progress in results/table3_multi30k/.
 """
 
 from __future__ import annotations
