@@ -69,8 +69,9 @@ def profile_steps(compiled, step: Callable[[], None], profile_dir: str, steps: i
       top.append(dict(op=name, seconds=seconds, share=seconds / total, shape=info["shape"],
                       category=info["category"], component=info["component"]))
   share = lambda counter: {k: round(v / total, 4) for k, v in counter.most_common()}
-  return dict(trace=portable_path(traces[-1]), op_seconds_per_step=total, by_category=share(by["category"]),
-              by_component=share(by["component"]), by_pass=share(by["pass"]), top_ops=top)
+  return dict(trace=portable_path(traces[-1]), op_seconds_per_step=total,
+              by_category=share(by["category"]), by_component=share(by["component"]),
+              by_pass=share(by["pass"]), top_ops=top)
 
 
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\(")
