@@ -58,14 +58,15 @@ def step_by_step_logits():
   """Teacher-forced logits [batch, target_len, vocab] from the KV-cached decoder, one token a step.
 
   Called as `step_by_step_logits(model, params, src_tokens, decoder_inputs)` inside or
-  outside jit; the full forward pass should give the same logits.
+  outside jit; the full forward pass should give the same logits. With
+  `return_cache=True`, (logits, the cache after the last step).
   """
   import jax.numpy as jnp
 
   from transformer_jax.decode import cache as kv_cache
   from transformer_jax.model.transformer import Transformer
 
-  def run(model, params, src_tokens, decoder_inputs):
+  def run(model, params, src_tokens, decoder_inputs, return_cache=False):
     encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
     cache = kv_cache.init_cache(model, params, encoded, src_tokens, decoder_inputs.shape[1])
     step_fn = kv_cache.step_logits(model, params, src_tokens)
@@ -73,6 +74,7 @@ def step_by_step_logits():
     for step in range(decoder_inputs.shape[1]):
       step_logits, cache = step_fn(decoder_inputs[:, step : step + 1], cache, step)
       logits.append(step_logits)
-    return jnp.stack(logits, axis=1)
+    logits = jnp.stack(logits, axis=1)
+    return (logits, cache) if return_cache else logits
 
   return run

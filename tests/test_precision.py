@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from transformer_jax.decode import cache as kv_cache
 from transformer_jax.model import precision
 from transformer_jax.errors import UserError
 from transformer_jax.model.config import ModelConfig
@@ -165,16 +164,15 @@ def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config, step
   inputs = shift_right(TARGETS)
   params = model.init(jax.random.key(0), SRC, inputs)["params"]
   full = model.apply({"params": params}, SRC, inputs)
-  encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-  cache = kv_cache.init_cache(model, params, encoded, SRC, inputs.shape[1])
-  # Keys and values are stored as the matmuls read them: half the bytes of float32.
+  stepped, cache = step_by_step_logits(model, params, SRC, inputs, return_cache=True)
+  # The cache the decoder read and wrote holds keys and values as the matmuls read them:
+  # half the bytes of float32.
   cached = {path[-1]: leaf.dtype for path, leaf in traverse_util.flatten_dict(cache).items()
             if path[-1] != "cache_index"}
   assert set(cached) == {"cached_key", "cached_value", "cross_key", "cross_value"}
   assert set(cached.values()) == {jnp.dtype(jnp.bfloat16)}, cached
   valid = np.asarray(TARGETS != 0)
-  np.testing.assert_allclose(
-      np.asarray(step_by_step_logits(model, params, SRC, inputs))[valid], np.asarray(full)[valid],
+  np.testing.assert_allclose(np.asarray(stepped)[valid], np.asarray(full)[valid],
       atol=1e-4, rtol=1e-4)
 
 
