@@ -468,11 +468,19 @@ def test_length_penalty_formula():
                                ((5 + length) / 6) ** alpha, rtol=1e-6)
 
 
+def test_block_size_divides_the_row():
+  assert search.block_size(32000) == 128
+  assert search.block_size(40000) == 125  # Beam 5 over an 8,000-token vocabulary.
+  assert search.block_size(50000) == 125
+  assert search.block_size(6 * 1009) == 0  # No divisor near 128: the plain top-k.
+
+
 @pytest.mark.parametrize("levels", [3, 1000])
-def test_top_k_by_blocks_equals_lax_top_k_including_ties(levels):
+@pytest.mark.parametrize("n", [4 * 640, 4 * 625])  # Blocks of 128; of 125.
+def test_top_k_by_blocks_equals_lax_top_k_including_ties(levels, n):
   # levels=3: almost every entry ties with many others; the lowest index must win.
   rng = np.random.default_rng(levels)
-  values = rng.integers(0, levels, size=(6, 4 * 640)).astype(np.float32)
+  values = rng.integers(0, levels, size=(6, n)).astype(np.float32)
   values[0, :] = -np.inf  # A row with no finite entry.
   values[1, 1000:] = -np.inf
   for k in (1, 8):
@@ -489,7 +497,7 @@ def test_first_argmax_equals_argmax_including_ties():
                                 np.argmax(values, axis=-1))
 
 
-@pytest.mark.parametrize("vocab", [3072, 32000])
+@pytest.mark.parametrize("vocab", [3072, 8000, 32000])
 def test_blocked_first_argmax_equals_argmax_including_ties_across_blocks(vocab):
   """Rows the blocks divide: the maximum repeated within and across blocks, or unique."""
   rng = np.random.default_rng(1)
@@ -521,3 +529,4 @@ def test_beam_search_with_blocked_top_k_equals_plain_top_k(monkeypatch):
   plain = run()
   np.testing.assert_array_equal(blocked[0], plain[0])
   np.testing.assert_allclose(blocked[1], plain[1], rtol=1e-6)
+
