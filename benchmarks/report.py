@@ -165,7 +165,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
           f"| {when(r)} | {kind(r)} | {r['workdir']} ({r['checkpoint']}, step {r['step']}) "
           f"| {r['sentences']:,} {r['source']} | {r['beam_size']} | {r['alpha']:g} "
           f"| {r.get('beam_stop') or ('exact' if r['beam_size'] > 1 else '')} "
-          f"| {name}{' (int8 weight matmuls)' if name == 'jax' and r.get('quantize') else ''} "
+          f"| {_ours_label(r) if name == 'jax' else name} "
           f"| {e['sentences_per_s']:,.1f} | {ratio(ours / e['sentences_per_s']) if name != 'jax' else ''} "
           f"| {'–' if e['sacrebleu'] is None else format(e['sacrebleu'], '.2f')} "
           f"| {e['tok_bleu']:.2f} | {load(r)} | {r.get('note', '')} |")
@@ -185,6 +185,14 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
           f"| {s['extrapolated_peak_rss_bytes'] / 2**30:.1f} | {load(r)} | {r.get('note', '')} |")
   summary.parent.mkdir(parents=True, exist_ok=True)
   summary.write_text("\n".join(lines) + "\n")
+
+
+def _ours_label(r: dict) -> str:
+  """`jax`, with a translate_real row's batch size and quantization where recorded."""
+  changes = [f"{r['tokens_per_batch']:,} tokens a batch"] if r.get("tokens_per_batch") else []
+  if r.get("quantize"):
+    changes.append("int8 weight matmuls")
+  return "jax" + (f" ({', '.join(changes)})" if changes else "")
 
 
 if __name__ == "__main__":

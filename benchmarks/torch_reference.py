@@ -114,7 +114,6 @@ def make_train_step(args: argparse.Namespace) -> tuple[Callable[[], float], dict
   src = synthetic_tokens(args.batch_size, args.src_len, args.vocab_size, 1)
   targets = synthetic_tokens(args.batch_size, args.tgt_len, args.vocab_size, 2)
   target_inputs = F.pad(targets[:, :-1], (1, 0), value=BOS_ID)
-  losses = []
 
   def step():
     optimizer.zero_grad(set_to_none=True)

@@ -36,7 +36,8 @@ flags.DEFINE_string("reference", None, "References, line-aligned (for BLEU).")
 flags.DEFINE_integer("beam_size", 4, "Beam size (1: greedy) for both engines.")
 flags.DEFINE_float("alpha", 0.6, "Length penalty α, each engine's own form.")
 flags.DEFINE_integer("max_extra_len", 50, "Output may be this much longer than the input.")
-flags.DEFINE_integer("tokens_per_batch", 4096, "Our batches' source tokens.")
+flags.DEFINE_integer("tokens_per_batch", None, "Our batches' source tokens; unset: "
+                     "translate's default (translator.default_tokens_per_batch).")
 flags.DEFINE_integer("ct2_batch_size", 64, "CTranslate2's max_batch_size (sentences).")
 flags.DEFINE_list("ct2_compute_types", ["float32", "int8"], "CTranslate2 compute types.")
 flags.DEFINE_integer("repeats", 2, "Timed rounds.")
@@ -52,7 +53,8 @@ Result = common.Result
 def measure() -> tuple[Result, list[tuple[str, str]]]:
   import ctranslate2
 
-  from transformer_jax.decode.translator import DecodeOptions, translate_lines
+  from transformer_jax.decode.translator import (DecodeOptions, default_tokens_per_batch,
+                                                 translate_lines)
   from transformer_jax.interop.ctranslate2_export import export_ctranslate2
   from transformer_jax.data.pipeline import references_kind
   from transformer_jax.metrics.bleu import all_scores
@@ -112,6 +114,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                 alpha=FLAGS.alpha, max_extra_len=FLAGS.max_extra_len,
                 beam_stop=FLAGS.beam_stop if FLAGS.beam_size > 1 else None,
                 quantize=FLAGS.quantize or None,
+                tokens_per_batch=FLAGS.tokens_per_batch or default_tokens_per_batch(),
                 ctranslate2_version=ctranslate2.__version__, engines=engines_result,
                 compare_mode="paired")
   table = [(name, f"{r['sentences_per_s']:.1f} sentences/s (median of {FLAGS.repeats}), "

@@ -157,4 +157,6 @@ def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_p
   # The saved command names no path of this machine, only what another one can read.
   assert "/" + tmp_path.parts[1] not in result["command"], result["command"]
   assert "--source=.../source.txt" in result["command"], result["command"]
-  assert "| jax (int8 weight matmuls) |" in (tmp_path / "README.md").read_text()
+  assert result["tokens_per_batch"] == 1024  # Unset: the CPU's decoding batch.
+  summary = (tmp_path / "README.md").read_text()
+  assert "| jax (1,024 tokens a batch, int8 weight matmuls) |" in summary

@@ -202,3 +202,30 @@ def test_attention_weights_cover_every_module(model_and_params):
   cross = next(v for n, v in weights.items() if "decoder_0" in n and "cross" in n)
   assert cross.shape == (2, 4, 6, 6)
   np.testing.assert_allclose(cross.sum(-1), 1.0, atol=1e-5)
+
+
+def test_translate_texts_batches_1024_source_tokens_on_a_cpu_by_default():
+  """Unset, the token budget of a decoding batch is the CPU's (default_tokens_per_batch)."""
+  batch_shapes = []
+
+  def record(src_tokens):  # Stands in for a Translator.
+    batch_shapes.append(src_tokens.shape)
+    return np.full((src_tokens.shape[0], 1), EOS_ID, np.int32)
+
+  class WordTokenizer:
+    def encode(self, text):
+      return [5] * len(text.split()) + [EOS_ID]
+
+    def decode(self, ids):
+      return ""
+
+  if jax.default_backend() != "cpu":
+    pytest.skip("the CPU default; this backend is not a CPU")
+  assert translator.default_tokens_per_batch() == translator.CPU_TOKENS_PER_BATCH == 1024
+  sentences = ["word " * 15] * 200  # 16 tokens each, EOS included.
+  translator.translate_texts(record, WordTokenizer(), sentences, max_source_len=64)
+  assert batch_shapes == [(64, 16)] * 3 + [(8, 16)]
+  batch_shapes.clear()
+  translator.translate_texts(record, WordTokenizer(), sentences, max_source_len=64,
+                             tokens_per_batch=4096)
+  assert batch_shapes == [(200, 16)]

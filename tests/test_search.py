@@ -529,4 +529,3 @@ def test_beam_search_with_blocked_top_k_equals_plain_top_k(monkeypatch):
   plain = run()
   np.testing.assert_array_equal(blocked[0], plain[0])
   np.testing.assert_allclose(blocked[1], plain[1], rtol=1e-6)
-

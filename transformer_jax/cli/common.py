@@ -171,7 +171,8 @@ def define_decode_flags() -> None:
   flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "
                     "positions as decoding goes (same outputs); unset: on for beam search, "
                     "off for greedy search and sampling.")
-  flags.DEFINE_integer("tokens_per_batch", 4096, "Source tokens per decoding batch.")
+  flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; unset: "
+                       "1,024 on a CPU, 4,096 on an accelerator.")
   flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")
 
 

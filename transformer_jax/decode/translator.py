@@ -31,6 +31,19 @@ from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
 
+# Source tokens a decoding batch, by default. A batch decodes until its longest output
+# ends; on a CPU beam search costs about the same per sentence at any batch size, so
+# smaller batches waste fewer steps (recipe v14's model on test2016, Intel AMX host: 1,024
+# tokens 1.17x the sentences/s of 4,096 with beam 5, 1.19x greedy; benchmarks/README.md).
+# Accelerators keep their cores busy with large batches.
+CPU_TOKENS_PER_BATCH = 1024
+ACCELERATOR_TOKENS_PER_BATCH = 4096
+
+
+def default_tokens_per_batch() -> int:
+  """1,024 source tokens a decoding batch on a CPU, 4,096 on an accelerator."""
+  return CPU_TOKENS_PER_BATCH if jax.default_backend() == "cpu" else ACCELERATOR_TOKENS_PER_BATCH
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
@@ -231,11 +244,12 @@ def _jitted_decode(model: Transformer | DecoderOnly, options: DecodeOptions, mes
 
 def translate_texts(
     translator: Translator, tokenizer, sentences: Sequence[str], max_source_len: int,
-    tokens_per_batch: int = 4096, on_truncate=None, progress=None,
+    tokens_per_batch: int | None = None, on_truncate=None, progress=None,
 ) -> list[str]:
   """Translates `sentences`, one output per input, in order.
 
-  Sentences are sorted by length and batched by a token budget for speed;
+  Sentences are sorted by length and batched by a token budget for speed
+  (`tokens_per_batch`; None: `default_tokens_per_batch()`);
   empty lines give empty outputs; sources longer than `max_source_len` tokens
   are truncated (and reported through `on_truncate(index, length)`).
   """
@@ -253,6 +267,7 @@ def translate_texts(
   outputs = [""] * len(sentences)
   order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
   done = 0
+  tokens_per_batch = tokens_per_batch or default_tokens_per_batch()
   for batch_indices in _length_batches(order, encoded, tokens_per_batch):
     src_len = _bucket(max(len(encoded[i]) for i in batch_indices))
     src = np.full((len(batch_indices), src_len), PAD_ID, np.int32)
@@ -267,7 +282,7 @@ def translate_texts(
 
 
 def translate_lines(run: Any, lines: list[str], options: DecodeOptions,
-                    tokens_per_batch: int = 4096) -> list[str]:
+                    tokens_per_batch: int | None = None) -> list[str]:
   """Translations of `lines` by a loaded run (its model, params, mesh, tokenizer and
   config), one per line, with truncation warnings and progress on stderr."""
   max_source_len = run.config.model.max_len

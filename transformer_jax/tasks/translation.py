@@ -130,7 +130,7 @@ def reference_sets(data: TranslationData, split: str) -> dict:
 
 
 def evaluate_texts(run: LoadedRun, sources: Sequence[str], references: Sequence[str],
-                   options: DecodeOptions, tokens_per_batch: int = 4096,
+                   options: DecodeOptions, tokens_per_batch: int | None = None,
                    tok_references: Sequence[str] | None = None,
                    references_kind: str = bleu.REFERENCES_RAW) -> tuple[dict, list[str]]:
   """Decodes `sources` with a loaded run and scores them: (scores, hypotheses).
