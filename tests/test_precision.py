@@ -173,7 +173,7 @@ def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config, step
   assert set(cached.values()) == {jnp.dtype(jnp.bfloat16)}, cached
   valid = np.asarray(TARGETS != 0)
   np.testing.assert_allclose(np.asarray(stepped)[valid], np.asarray(full)[valid],
-      atol=1e-4, rtol=1e-4)
+                             atol=1e-4, rtol=1e-4)
 
 
 def test_unknown_matmul_dtype_is_a_one_line_error(tiny_model_config):
