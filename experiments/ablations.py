@@ -20,6 +20,8 @@ committed with its results resumes on another machine without the run
 folders: rows kept there are not trained again. Launchers:
 - local: rows train in this process, one after another;
 - subprocess: each row is a `python -m transformer_jax.train` child;
+  with either, a SIGTERM saves the row in training and ends the sweep, after
+  the row being scored if one is; rerunning the command resumes it;
 - print: writes one train command per row to results/<sweep>/commands.sh for a
   cluster; afterwards `--launcher=report` scores the finished rows;
 - slurm: writes results/<sweep>/slurm.sh, an sbatch job array with one task per
@@ -40,6 +42,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,6 +53,7 @@ import ml_collections
 from tqdm import tqdm
 
 from transformer_jax.errors import UserError
+from transformer_jax.training.preemption import PreemptionWatcher
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_FILE = "ablation_row.json"
@@ -284,16 +288,27 @@ def _flag_value(value: Any) -> str:
 
 
 def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
-              command: list[str]) -> None:
-  """Trains (or resumes) one row to config.num_train_steps."""
-  if launcher == "local":
+              command: list[str], preemption: PreemptionWatcher | None = None) -> None:
+  """Trains (or resumes) one row to config.num_train_steps, or until a SIGTERM (saved)."""
+  if launcher == "local":  # The trainer's own watcher nests in `preemption`.
     from transformer_jax.tasks.registry import make_task
     from transformer_jax.training.loop import train_and_evaluate
 
     config = copy.deepcopy(config)
     train_and_evaluate(config, os.fspath(workdir), make_task(config))
-  else:
-    subprocess.run(command, check=True, cwd=REPO_ROOT)
+    return
+  child = subprocess.Popen(command, cwd=REPO_ROOT)
+  forwarded = False
+  while True:
+    try:
+      status = child.wait(timeout=1.0)
+      break
+    except subprocess.TimeoutExpired:
+      if preemption is not None and preemption.requested and not forwarded:
+        child.send_signal(signal.SIGTERM)  # It saves and exits 0, as under SLURM.
+        forwarded = True
+  if status != 0:
+    raise subprocess.CalledProcessError(status, command)
 
 
 def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: int,
@@ -362,12 +377,36 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
   else:
     mine = None
   results, commands = {}, []
+  # A SIGTERM (SLURM's, or a user's kill) lets the row in training save and stop, a row
+  # being scored finish, then ends the sweep.
+  preemption = PreemptionWatcher() if launcher in ("local", "subprocess") else None
+  try:
+    _sweep_rows(rows, configs, sweep_dir, runs_dir, launcher, bleu_sentences, bleu_metric,
+                config_spec, flag_args or [], log, mine, preemption, results, commands)
+  finally:
+    if preemption is not None:
+      preemption.close()
+  if launcher == "print":
+    path = sweep_dir / "commands.sh"
+    path.write_text("".join(c + "\n" for c in commands))
+    log(f"{len(commands)} rows to train: one command a line in {path}; then rerun "
+        "with --launcher=report")
+  write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)
+  return results
+
+
+def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path, launcher: str,
+                bleu_sentences: int, bleu_metric: str, config_spec: str, flag_args: list[str],
+                log: Callable[[str], Any], mine: Row | None,
+                preemption: PreemptionWatcher | None, results: dict, commands: list) -> None:
+  """run_sweep's loop over rows: fills `results` (and `commands` for launcher "print")."""
+  stopped = False  # By a SIGTERM: later rows are reported if done, not trained or scored.
   # One bar for the sweep on a terminal (rate, ETA), nothing in a log file.
   for row in tqdm(rows, desc=f"sweep {sweep_dir.name}", unit=" rows", disable=None,
                   file=sys.stderr):
     config, workdir = configs[row.name], runs_dir / row.name
     kept = kept_row_path(sweep_dir, row.name)
-    if mine is not None and row is not mine:  # Another array task's row: report it if done.
+    if stopped or (mine is not None and row is not mine):  # Not this run's: report it if done.
       done = finished_result(workdir, config, kept)
       if done is not None:
         results[row.name] = done
@@ -385,7 +424,11 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
         keep_row(sweep_dir, row.name, done, read_metrics(workdir))
       results[row.name] = done
       continue
-    command = train_command(config_spec, flag_args or [], row, workdir)
+    if preemption is not None and preemption.requested:
+      log(f"SIGTERM: the sweep stops before [{row.name}]; rerun to resume")
+      stopped = True
+      continue
+    command = train_command(config_spec, flag_args, row, workdir)
     if launcher == "print":
       if not trained:
         commands.append(shlex.join(command))
@@ -395,9 +438,11 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
         log(f"[{row.name}] not trained yet: left out")
         continue
       log(f"[{row.name}] training {row.overrides or '(base)'} in {workdir}")
-      train_row(config, workdir, launcher, command)
-      if not training_finished(workdir, config.num_train_steps):  # E.g. preempted (SIGTERM).
-        log(f"[{row.name}] stopped before step {config.num_train_steps}; rerun to resume")
+      train_row(config, workdir, launcher, command, preemption)
+      if not training_finished(workdir, config.num_train_steps):  # Preempted: saved, stopped.
+        log(f"[{row.name}] stopped before step {config.num_train_steps}; the sweep stops; "
+            "rerun to resume")
+        stopped = True
         continue
     log(f"[{row.name}] scoring the dev split")
     result = score_row(config, workdir, bleu_sentences, bleu_metric)
@@ -407,13 +452,6 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
     keep_row(sweep_dir, row.name, result, read_metrics(workdir))
     results[row.name] = result
     write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)  # After every row.
-  if launcher == "print":
-    path = sweep_dir / "commands.sh"
-    path.write_text("".join(c + "\n" for c in commands))
-    log(f"{len(commands)} rows to train: one command a line in {path}; then rerun "
-        "with --launcher=report")
-  write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)
-  return results
 
 
 def write_slurm_array(sweep_dir: Path, rows: list[Row], command: list[str]) -> Path:

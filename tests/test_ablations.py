@@ -6,13 +6,16 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from transformer_jax import configs
+from transformer_jax.training.preemption import PreemptionWatcher
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -166,6 +169,74 @@ def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path):
                                log=lambda _: None)["base"]
   steps = [r["step"] for r in ablations.read_metrics(runs_dir / "base") if r["split"] == "train"]
   assert result["step"] == 4 and steps == sorted(set(steps)), steps
+
+
+def test_sigterm_saves_the_row_in_training_and_ends_the_sweep(ablations, tmp_path, monkeypatch):
+  """A SIGTERM while a row starts (before its loop runs) stops that row at its first step,
+  saved; no later row starts, finished ones stay in the table; the same command then
+  finishes the rest."""
+  base = tiny_base()
+  narrow = ablations.parse_row("narrow:model.d_ff=32")
+  wide = ablations.parse_row("wide:model.d_ff=96")
+  rows = [ablations.Row("base", {}), narrow, wide]
+  sweep_dir, runs_dir = tmp_path / "results" / "stop", tmp_path / "runs"
+  ablations.run_sweep(base, [narrow], sweep_dir, runs_dir, bleu_sentences=0, log=lambda _: None)
+  train_row = ablations.train_row
+
+  def sigterm_then_train(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    train_row(*args, **kwargs)
+
+  received = []  # Were the sweep's watcher missing, the SIGTERM would land here.
+  previous = signal.signal(signal.SIGTERM, lambda *_: received.append("unhandled"))
+  try:
+    monkeypatch.setattr(ablations, "train_row", sigterm_then_train)
+    messages = []
+    results = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0,
+                                  log=messages.append)
+    assert received == [] and list(results) == ["narrow"], (received, list(results))
+    assert "[base] stopped before step 6; the sweep stops; rerun to resume" in messages, messages
+    checkpoints = sorted(int(p.name) for p in (runs_dir / "base" / "checkpoints").iterdir()
+                         if p.name.isdigit())
+    assert checkpoints == [1], checkpoints
+    assert not (runs_dir / "wide").exists(), "a row started after the SIGTERM"
+    assert "| narrow |" in (sweep_dir / "table.md").read_text(), "a finished row left the table"
+
+    monkeypatch.setattr(ablations, "train_row", train_row)
+    results = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0,
+                                  log=lambda _: None)
+    assert [results[r.name]["step"] for r in rows] == [6, 6, 6], results
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert received == ["unhandled"], "the sweep must restore the SIGTERM handler it replaced"
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_subprocess_launcher_passes_a_sigterm_to_its_trainer(ablations, tmp_path):
+  """A SIGTERM the sweep got (not its child) reaches the training child, which saves and exits 0."""
+  ready, saved = tmp_path / "child_ready", tmp_path / "child_saved"
+  child = (f"import pathlib, signal, time\n"
+           f"def save(*_):\n  pathlib.Path({str(saved)!r}).touch()\n  raise SystemExit(0)\n"
+           f"signal.signal(signal.SIGTERM, save)\n"
+           f"pathlib.Path({str(ready)!r}).touch()\n"
+           f"time.sleep(120)\n")
+  watcher = PreemptionWatcher()
+
+  def sigterm_once_the_child_listens():
+    while not ready.exists():
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)  # To the sweep's process only.
+
+  thread = threading.Thread(target=sigterm_once_the_child_listens, daemon=True)
+  started = time.time()
+  try:
+    thread.start()
+    ablations.train_row(tiny_base(), tmp_path, "subprocess", [sys.executable, "-c", child], watcher)
+  finally:
+    watcher.close()
+  assert watcher.requested and saved.exists() and time.time() - started < 60
+  with pytest.raises(subprocess.CalledProcessError):
+    ablations.train_row(tiny_base(), tmp_path, "subprocess", [sys.executable, "-c", "exit(3)"])
 
 
 def test_slurm_launcher_writes_a_job_array_whose_task_trains_its_own_row(tmp_path):
