@@ -188,8 +188,10 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
 
 
 def _ours_label(r: dict) -> str:
-  """`jax`, with a translate_real row's batch size and quantization where recorded."""
+  """`jax`, with a translate_real row's batch size, operands and quantization where recorded."""
   changes = [f"{r['tokens_per_batch']:,} tokens a batch"] if r.get("tokens_per_batch") else []
+  if r.get("matmul_dtype"):
+    changes.append(f"{r['matmul_dtype']} operands")
   if r.get("quantize"):
     changes.append("int8 weight matmuls")
   return "jax" + (f" ({', '.join(changes)})" if changes else "")

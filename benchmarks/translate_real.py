@@ -43,6 +43,9 @@ flags.DEFINE_list("ct2_compute_types", ["float32", "int8"], "CTranslate2 compute
 flags.DEFINE_integer("repeats", 2, "Timed rounds.")
 flags.DEFINE_enum("quantize", "", ["", "int8"], "Our weight matmuls in int8 "
                   "(DecodeOptions.quantize); CTranslate2 runs its own --ct2_compute_types.")
+flags.DEFINE_enum("matmul_dtype", "", ["", "float32", "bfloat16", "auto"],
+                  "Our matmul operands (DecodeOptions.matmul_dtype); empty: as the run was "
+                  "trained (the row records the dtype used).")
 flags.DEFINE_enum("beam_stop", "exact", ["exact", "best_finished"],
                   "Our beam search's stop rule (search.beam_search); CTranslate2 always stops "
                   "a sentence once its best candidate ends (best_finished).")
@@ -54,7 +57,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   import ctranslate2
 
   from transformer_jax.decode.translator import (DecodeOptions, default_tokens_per_batch,
-                                                 translate_lines)
+                                                 for_decoding, translate_lines)
   from transformer_jax.interop.ctranslate2_export import export_ctranslate2
   from transformer_jax.data.pipeline import references_kind
   from transformer_jax.metrics.bleu import all_scores
@@ -68,7 +71,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   options = DecodeOptions(method="beam" if FLAGS.beam_size > 1 else "greedy",
                           beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                           max_extra_len=FLAGS.max_extra_len, stop_rule=FLAGS.beam_stop,
-                          quantize=FLAGS.quantize)
+                          quantize=FLAGS.quantize, matmul_dtype=FLAGS.matmul_dtype)
   directory = tempfile.mkdtemp(prefix="ct2_real_")
   export_ctranslate2(run, directory)
   engines = {compute_type: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
@@ -114,6 +117,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                 alpha=FLAGS.alpha, max_extra_len=FLAGS.max_extra_len,
                 beam_stop=FLAGS.beam_stop if FLAGS.beam_size > 1 else None,
                 quantize=FLAGS.quantize or None,
+                matmul_dtype=for_decoding(run.model, options).config.matmul_dtype,
                 tokens_per_batch=FLAGS.tokens_per_batch or default_tokens_per_batch(),
                 ctranslate2_version=ctranslate2.__version__, engines=engines_result,
                 compare_mode="paired")

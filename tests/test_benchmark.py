@@ -158,5 +158,6 @@ def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_p
   assert "/" + tmp_path.parts[1] not in result["command"], result["command"]
   assert "--source=.../source.txt" in result["command"], result["command"]
   assert result["tokens_per_batch"] == 1024  # Unset: the CPU's decoding batch.
+  assert result["matmul_dtype"] == "float32"  # Unset: as the run was trained (float32).
   summary = (tmp_path / "README.md").read_text()
-  assert "| jax (1,024 tokens a batch, int8 weight matmuls) |" in summary
+  assert "| jax (1,024 tokens a batch, float32 operands, int8 weight matmuls) |" in summary

@@ -171,6 +171,8 @@ def test_bad_decode_options_are_one_line_errors():
     translator.DecodeOptions(quantize="int4")
   with pytest.raises(UserError, match="--beam_stop='never' is not one of exact, best_finished"):
     translator.DecodeOptions(stop_rule="never")
+  with pytest.raises(UserError, match="--matmul_dtype='float16' is not one of auto, float32"):
+    translator.DecodeOptions(matmul_dtype="float16")
 
 
 @pytest.mark.parametrize("method", ["beam", "greedy"])
@@ -191,6 +193,26 @@ def test_int8_translator_decodes_the_int8_model(model_and_params, method):
     logits = decoder.model.apply({"params": params}, SRC, inputs)
     np.testing.assert_array_equal(np.asarray(jnp.argmax(logits, -1))[out[:, :8] != 0],
                                   out[:, :8][out[:, :8] != 0])
+
+
+def test_matmul_dtype_decodes_with_the_operands_asked_for(model_and_params):
+  """--matmul_dtype: a model trained with bfloat16 operands decodes in float32 (and back),
+  the same tokens as a model configured that way from the start; the params are untouched."""
+  import dataclasses
+
+  model, params = model_and_params
+  mesh = sharding.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+  bf16 = model.clone(config=dataclasses.replace(model.config, matmul_dtype="bfloat16"))
+  for trained, asked, want_model in ((bf16, "float32", model), (model, "bfloat16", bf16)):
+    options = translator.DecodeOptions(method="greedy", matmul_dtype=asked)
+    decoder = translator.Translator(trained, params, mesh, options)
+    assert decoder.model.config.matmul_dtype == asked, decoder.model.config
+    assert ("bf16>" in decoder.lower(np.asarray(SRC)).as_text()) == (asked == "bfloat16")
+    plain = translator.DecodeOptions(method="greedy")
+    np.testing.assert_array_equal(
+        decoder(np.asarray(SRC)),
+        np.asarray(translator.Translator(want_model, params, mesh, plain)(np.asarray(SRC))))
+  assert translator.for_decoding(bf16, translator.DecodeOptions()) is bf16  # "": as trained.
 
 
 def test_attention_weights_cover_every_module(model_and_params):

@@ -166,6 +166,9 @@ def define_decode_flags() -> None:
   flags.DEFINE_enum("quantize", "", ["", "int8"], "int8: run the weight matmuls in int8, "
                     "one scale per weight column and per token (faster on CPUs with fast int8 "
                     "dot products; speed and BLEU cost: benchmarks/README.md); empty: as trained.")
+  flags.DEFINE_enum("matmul_dtype", "", ["", "float32", "bfloat16", "auto"],
+                    "Matmul operands while decoding (float32 accumulation either way); auto: "
+                    "bfloat16 where this host runs it natively; empty: as the run was trained.")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
   flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0: all).")
   flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "
@@ -183,6 +186,7 @@ def decode_options() -> DecodeOptions:
       max_extra_len=FLAGS.max_extra_len, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
       growing_cache=FLAGS.growing_cache, min_length=FLAGS.min_length,
       finish_rule=FLAGS.beam_finish, stop_rule=FLAGS.beam_stop, quantize=FLAGS.quantize,
+      matmul_dtype=FLAGS.matmul_dtype,
   )
 
 

@@ -3,7 +3,7 @@
   python -m transformer_jax.evaluate --workdir=DIR --source=FILE --reference=FILE \
       [--tok_reference=FILE] [--reference_kind=auto|raw|tokenized] \
       [--checkpoint=latest|averaged|STEP] [--beam_size=4] [--alpha=0.6] \
-      [--beam_stop=exact|best_finished] [--quantize=int8]
+      [--beam_stop=exact|best_finished] [--quantize=int8] [--matmul_dtype=float32|bfloat16|auto]
 
 Prints one JSON object (sacrebleu, paper_bleu, tok_bleu, chrf, sentences,
 decode_seconds, sentences_per_second) and writes the hypotheses beside the

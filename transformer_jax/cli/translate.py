@@ -2,6 +2,7 @@
 
   python -m transformer_jax.translate --workdir=DIR [--checkpoint=latest|averaged|STEP] \
       [--beam_size=4] [--alpha=0.6] [--beam_stop=exact|best_finished] [--quantize=int8] \
+      [--matmul_dtype=float32|bfloat16|auto] \
       < source.txt > hypotheses.txt
 
 Sentences are sorted by length internally; empty lines give empty lines; a

@@ -25,6 +25,7 @@ from transformer_jax.decode import prefix_lm, search
 from transformer_jax.decode.cache import grow_cache, init_cache, split_cache, step_logits
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
+from transformer_jax.model.config import MATMUL_DTYPES
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
@@ -69,6 +70,9 @@ class DecodeOptions:
   finish_rule: str = "t2t"  # Beam search: which hypotheses finish (search.beam_search).
   stop_rule: str = "exact"  # Beam search: when a sentence stops (search.beam_search).
   quantize: str = ""  # "int8": the weight matmuls in int8 (ModelConfig.quantize).
+  # Matmul operands while decoding: "" as the run was configured, else "float32",
+  # "bfloat16" or "auto" (bfloat16 where this host runs it natively; ModelConfig.matmul_dtype).
+  matmul_dtype: str = ""
 
   @classmethod
   def from_config(cls, config: Any) -> "DecodeOptions":
@@ -98,6 +102,9 @@ class DecodeOptions:
     if self.quantize not in precision.QUANTIZATIONS:
       raise UserError(f"--quantize={self.quantize!r} is not a quantization: use int8, or "
                       "leave it empty for the weights as trained")
+    if self.matmul_dtype not in MATMUL_DTYPES:
+      raise UserError(f"--matmul_dtype={self.matmul_dtype!r} is not one of "
+                      f"{', '.join(MATMUL_DTYPES[1:])}; leave it empty for the run's own")
     if self.stop_rule not in search.STOP_RULES:
       raise UserError(f"--beam_stop={self.stop_rule!r} is not one of "
                       f"{', '.join(search.STOP_RULES)}")
@@ -108,11 +115,15 @@ class DecodeOptions:
       raise UserError(f"--top_k={self.top_k} must be >= 0 (0: sample from every token)")
 
 
-def with_quantization(model: Transformer | DecoderOnly, quantize: str) -> Transformer | DecoderOnly:
-  """`model` with its weight matmuls run as `quantize` says (ModelConfig.quantize); same params."""
-  if model.config.quantize == quantize:
+def for_decoding(model: Transformer | DecoderOnly, options: DecodeOptions
+                 ) -> Transformer | DecoderOnly:
+  """`model` with the matmuls `options` asks for (quantize, matmul_dtype); same params."""
+  changes = dict(quantize=options.quantize)
+  if options.matmul_dtype:
+    changes.update(matmul_dtype=options.matmul_dtype)
+  if all(getattr(model.config, key) == value for key, value in changes.items()):
     return model
-  return model.clone(config=dataclasses.replace(model.config, quantize=quantize))
+  return model.clone(config=dataclasses.replace(model.config, **changes))
 
 
 def decode_batch(
@@ -129,7 +140,7 @@ def decode_batch(
     max_decode_len: static output length; each row also stops at its own
       input length + options.max_extra_len.
   """
-  model = with_quantization(model, options.quantize)
+  model = for_decoding(model, options)
   cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
   first_length = cache_lengths[0] if cache_lengths else max_decode_len
   if isinstance(model, DecoderOnly):  # A prefix LM: the source is the prompt, attended both ways.
@@ -190,7 +201,7 @@ class Translator:
   """Jitted, sharded decoding of token batches for one model and set of params."""
 
   def __init__(self, model: Transformer | DecoderOnly, params, mesh, options: DecodeOptions):
-    model = with_quantization(model, options.quantize)
+    model = for_decoding(model, options)
     self.model, self.params, self.mesh, self.options = model, params, mesh, options
 
   def max_decode_len(self, src_len: int) -> int:

@@ -23,6 +23,8 @@ from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS
 NORM_PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "swish")  # swish = SiLU, x·sigmoid(x); gelu: the exact (erf) one.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+MATMUL_DTYPES = ("", "auto") + tuple(DTYPES)  # "": the compute dtype.
+
 _CHOICES = {
     "positions": POSITION_KINDS,
     "sinusoid_layout": SINUSOID_LAYOUTS,
@@ -30,7 +32,7 @@ _CHOICES = {
     "norm": NORM_PLACEMENTS,
     "attention_impl": ATTENTION_IMPLEMENTATIONS,
     "dtype": tuple(DTYPES),
-    "matmul_dtype": ("", "auto") + tuple(DTYPES),
+    "matmul_dtype": MATMUL_DTYPES,
     "quantize": precision.QUANTIZATIONS,
 }
 

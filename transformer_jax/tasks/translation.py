@@ -153,6 +153,8 @@ def decoding_settings(options: DecodeOptions) -> dict:
                   min_length=options.min_length)
   if options.quantize:
     settings.update(quantize=options.quantize)
+  if options.matmul_dtype:
+    settings.update(matmul_dtype=options.matmul_dtype)
   if options.method == "beam":
     settings.update(beam_size=options.beam_size, alpha=options.alpha,
                     finish_rule=options.finish_rule, stop_rule=options.stop_rule)
