@@ -40,11 +40,18 @@ def test_cached_decoding_equals_full_recomputation(model_and_params, step_by_ste
   )
 
 
-def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy(model_and_params):
-  """decode_batch keeps one cross-attention K/V row per sentence for all its beams."""
+@pytest.mark.parametrize("matmul_dtype", ["float32", "bfloat16"])
+def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy(
+    model_and_params, matmul_dtype):
+  """decode_batch keeps one cross-attention K/V row per sentence for all its beams, and
+  its self-attention cache in the matmul operand dtype (cache.stored_as): the same beams
+  as a cache kept the way greedy search keeps it."""
+  import dataclasses
+
   from transformer_jax.decode import search
 
   model, params = model_and_params
+  model = model.clone(config=dataclasses.replace(model.config, matmul_dtype=matmul_dtype))
   options = translator.DecodeOptions(beam_size=3, alpha=0.6)
   max_len = 12
   shared = jax.jit(lambda p: translator.decode_batch(model, p, SRC, options, max_len))(params)
@@ -60,6 +67,16 @@ def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy
     return sequences[:, 0]
 
   np.testing.assert_array_equal(np.asarray(shared), np.asarray(own_copies(params)))
+
+
+def test_stored_as_changes_only_the_self_attention_entries():
+  cache = {"decoder_0": {
+      "self": {"cached_key": jnp.ones((2, 1, 4, 3)), "cache_index": jnp.int32(1)},
+      "cross": {"cross_key": jnp.ones((2, 1, 5, 3))}}}
+  stored = kv_cache.stored_as(cache, jnp.bfloat16)
+  assert stored["decoder_0"]["self"]["cached_key"].dtype == jnp.bfloat16
+  assert stored["decoder_0"]["self"]["cache_index"].dtype == jnp.int32
+  assert stored["decoder_0"]["cross"]["cross_key"].dtype == jnp.float32
 
 
 @pytest.mark.parametrize("method", ["beam", "greedy", "sample"])

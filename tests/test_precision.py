@@ -165,12 +165,17 @@ def test_mixed_cached_decoding_equals_full_recomputation(tiny_model_config, step
   params = model.init(jax.random.key(0), SRC, inputs)["params"]
   full = model.apply({"params": params}, SRC, inputs)
   stepped, cache = step_by_step_logits(model, params, SRC, inputs, return_cache=True)
-  # The cache the decoder read and wrote holds keys and values as the matmuls read them:
-  # half the bytes of float32.
-  cached = {path[-1]: leaf.dtype for path, leaf in traverse_util.flatten_dict(cache).items()
+  # The cache the decoder read and wrote holds keys and values rounded as the matmuls read
+  # them: in bfloat16 (half the bytes), or on a CPU in float32, where XLA computes the
+  # products over the cache in float32 anyway (precision.decoding_cache_dtype).
+  cached = {path[-1]: leaf for path, leaf in traverse_util.flatten_dict(cache).items()
             if path[-1] != "cache_index"}
   assert set(cached) == {"cached_key", "cached_value", "cross_key", "cross_value"}
-  assert set(cached.values()) == {jnp.dtype(jnp.bfloat16)}, cached
+  stored = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+  assert {leaf.dtype for leaf in cached.values()} == {jnp.dtype(stored)}, cached
+  for name, leaf in cached.items():
+    rounded = np.asarray(leaf.astype(jnp.bfloat16).astype(leaf.dtype))
+    np.testing.assert_array_equal(np.asarray(leaf), rounded, err_msg=f"{name} is not rounded")
   valid = np.asarray(TARGETS != 0)
   np.testing.assert_allclose(np.asarray(stepped)[valid], np.asarray(full)[valid],
                              atol=1e-4, rtol=1e-4)

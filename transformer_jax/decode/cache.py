@@ -47,6 +47,22 @@ def grow_cache(cache, length: int):
   return traverse_util.unflatten_dict(flat)
 
 
+def stored_as(cache, dtype) -> dict:
+  """`cache` with its self-attention keys/values stored in `dtype`.
+
+  They hold values rounded to the matmul operand dtype already, so storing them
+  in that dtype is exact. Beam search reorders them every step: in bfloat16 that
+  moves half the bytes of float32 (10 % of beam 4's time for the base model on a
+  CPU, where they are otherwise kept in float32: precision.decoding_cache_dtype).
+  The attention reads them as stored.
+  """
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  for path, value in flat.items():
+    if path[-1] in _PER_STEP_ENTRIES:
+      flat[path] = value.astype(dtype)
+  return traverse_util.unflatten_dict(flat)
+
+
 def split_cache(cache) -> tuple[dict, dict]:
   """(per-row entries the search reorders, per-sentence entries it never touches)."""
   flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from transformer_jax import sharding
 from transformer_jax.decode import prefix_lm, search
-from transformer_jax.decode.cache import grow_cache, init_cache, split_cache, step_logits
+from transformer_jax.decode.cache import (grow_cache, init_cache, split_cache, step_logits,
+                                          stored_as)
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.config import MATMUL_DTYPES
@@ -165,6 +166,7 @@ def decode_batch(
                 bos_id=BOS_ID, ignore_eos=options.ignore_eos, cache_lengths=cache_lengths,
                 grow_cache=grow)  # No cache_lengths: one loop, grow_cache unused.
   if options.method == "beam":
+    beam_cache = stored_as(beam_cache, model.config.matmul_operand_dtype)  # Reordered: halved.
     sequences, _ = search.beam_search(
         beam_step, beam_cache, batch_size, options.beam_size, options.alpha,
         finish_rule=options.finish_rule, stop_rule=options.stop_rule, **common

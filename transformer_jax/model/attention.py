@@ -340,11 +340,18 @@ class MultiHeadAttention(nn.Module):
     """
     key_value = (("key", self.d_k), ("value", self.d_v))
     # Cached keys and values only ever feed the two matmuls, so they are kept
-    # in the matmuls' operand dtype: the same numbers as rounding them at each
-    # use, without converting the whole cache every step (bf16 halves its bytes).
+    # rounded to the matmuls' operand dtype, stored in `cache_dtype`
+    # (precision.decoding_cache_dtype): the same numbers as rounding them at each
+    # use, without converting the whole cache every step.
+    cache_dtype = precision.decoding_cache_dtype(self._operand_dtype, self.dtype)
+
+    def as_operand(x: Array) -> Array:
+      """`x` rounded to the operand dtype, held in `cache_dtype`."""
+      return x.astype(self._operand_dtype).astype(cache_dtype)
+
     def to_cache_layout(projected: Array) -> Array:
-      """[rows, length, heads, depth] -> [rows, heads, length, depth], in the operand dtype."""
-      return projected.transpose(0, 2, 1, 3).astype(self._operand_dtype)
+      """[rows, length, heads, depth] -> [rows, heads, length, depth], as an operand."""
+      return as_operand(projected.transpose(0, 2, 1, 3))
 
     if cross_attention:
       if not self.has_variable("cache", "cross_key"):  # Once per sentence, with the cache.
@@ -373,19 +380,23 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
     if mask is not None and group > 1 and mask.shape[2] > 1:
       mask = jnp.tile(mask, (1, 1, group, 1))  # Query g·q_len + t is token t of beam g.
+    query = as_operand(query)
     if self.implementation == "chunked":
       attended = chunked_attention_heads_first(
           query.transpose(0, 2, 1, 3), key, value, AttentionMask.from_dense(mask),
-          block_size=self.block_size, matmul_dtype=self._operand_dtype).transpose(0, 2, 1, 3)
+          block_size=self.block_size, matmul_dtype=cache_dtype).transpose(0, 2, 1, 3)
       return attended.astype(self.dtype).reshape(rows, q_len, self.num_heads, self.d_v)
-    # Decoding is inference: these two products keep JAX's own gradients.
-    logits = self._matmul("bqhd,bhkd->bhqk", query, key, False) / jnp.sqrt(self.d_k).astype(
-        query.dtype
-    )
+
+    def matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:
+      """In the dtype the cache `rhs` is stored in (beam search: cache.stored_as)."""
+      # Decoding is inference: these two products keep JAX's own gradients.
+      return precision.einsum(subscripts, lhs, rhs, rhs.dtype, self.dtype, False)
+
+    logits = matmul("bqhd,bhkd->bhqk", query, key) / jnp.sqrt(self.d_k).astype(self.dtype)
     weights = masked_softmax(logits, mask)
     # Product as [b, h, q, d], then transposed: asked for "->bqhd" directly, XLA:CPU computed
     # the beams' cross-attention as Vᵀ·Wᵀ in a generic dot, 5x slower (6 % of beam search).
-    attended = self._matmul("bhqk,bhkd->bhqd", weights, value, False).transpose(0, 2, 1, 3)
+    attended = matmul("bhqk,bhkd->bhqd", as_operand(weights), value).transpose(0, 2, 1, 3)
     return attended.reshape(rows, q_len, self.num_heads, self.d_v)
 
   def _update_self_attention_cache(

@@ -298,6 +298,23 @@ def native_bfloat16(backend: str, flags: frozenset[str] = frozenset(),
   return False, "this CPU has neither AMX nor AVX512-BF16 (bfloat16 operands would run slower)"
 
 
+def decoding_cache_dtype(operand_dtype: Any, compute_dtype: Any) -> Any:
+  """The dtype a decoding cache stores keys and values in, for attention with `operand_dtype`.
+
+  The operand dtype (a bfloat16 cache has half the bytes), except on a CPU with float32
+  compute: XLA:CPU computes attention's batched products over bfloat16 operands in
+  float32, converting the whole bfloat16 cache to float32 at every step and writing the
+  new token through a float32 copy too (the optimized HLO of greedy decoding on an AMX
+  host; benchmarks/NOTES.md). There the cache stores the rounded values in float32 and
+  the products run in float32: the same numbers, without those conversions. Beam
+  search, which reorders its self-attention cache every step, stores that part in the
+  operand dtype again (cache.stored_as): half the bytes to move.
+  """
+  if jax.default_backend() == "cpu" and jnp.dtype(compute_dtype) == jnp.float32:
+    return jnp.dtype(jnp.float32)
+  return jnp.dtype(operand_dtype)
+
+
 @functools.cache
 def native_bfloat16_here() -> tuple[bool, str]:
   """`native_bfloat16` of this process's default backend and first device (probed once)."""
