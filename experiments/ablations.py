@@ -299,15 +299,24 @@ def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
     return
   child = subprocess.Popen(command, cwd=REPO_ROOT)
   forwarded = False
-  while True:
-    try:
-      status = child.wait(timeout=1.0)
-      break
-    except subprocess.TimeoutExpired:
-      if preemption is not None and preemption.requested and not forwarded:
-        child.send_signal(signal.SIGTERM)  # It saves and exits 0, as under SLURM.
-        forwarded = True
-  if status != 0:
+  try:
+    while True:
+      try:
+        status = child.wait(timeout=1.0)
+        break
+      except subprocess.TimeoutExpired:
+        if preemption is not None and preemption.requested and not forwarded:
+          child.send_signal(signal.SIGTERM)  # It saves and exits 0, as under SLURM.
+          forwarded = True
+  except BaseException:  # Ctrl-C, or an error here: no trainer left writing the row.
+    child.terminate()
+    child.wait()
+    raise
+  # A SIGTERM that reaches the trainer before its loop listens (while it compiles or
+  # restores) ends it before anything was written: a stop, as a saved one is.
+  stopped_early = (status == -signal.SIGTERM and preemption is not None
+                   and preemption.requested)
+  if status != 0 and not stopped_early:
     raise subprocess.CalledProcessError(status, command)
 
 
@@ -427,6 +436,8 @@ def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
     if preemption is not None and preemption.requested:
       log(f"SIGTERM: the sweep stops before [{row.name}]; rerun to resume")
       stopped = True
+      if done is not None:  # Scored otherwise earlier: still a row of the table.
+        results[row.name] = done
       continue
     command = train_command(config_spec, flag_args, row, workdir)
     if launcher == "print":

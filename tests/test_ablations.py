@@ -235,6 +235,15 @@ def test_the_subprocess_launcher_passes_a_sigterm_to_its_trainer(ablations, tmp_
   finally:
     watcher.close()
   assert watcher.requested and saved.exists() and time.time() - started < 60
+  # A SIGTERM before the trainer listens (still importing, compiling) ends it unsaved: a
+  # stop all the same, not a failed row.
+  watcher = PreemptionWatcher()
+  try:
+    watcher.requested = True
+    ablations.train_row(tiny_base(), tmp_path, "subprocess",
+                        [sys.executable, "-c", "import time; time.sleep(120)"], watcher)
+  finally:
+    watcher.close()
   with pytest.raises(subprocess.CalledProcessError):
     ablations.train_row(tiny_base(), tmp_path, "subprocess", [sys.executable, "-c", "exit(3)"])
 

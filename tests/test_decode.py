@@ -2,6 +2,7 @@
 
 import functools
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +43,7 @@ def test_cached_decoding_equals_full_recomputation(model_and_params, step_by_ste
 
 @pytest.mark.parametrize("matmul_dtype", ["float32", "bfloat16"])
 def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy(
-    model_and_params, matmul_dtype):
+    model_and_params, matmul_dtype, monkeypatch):
   """decode_batch keeps one cross-attention K/V row per sentence for all its beams, and
   its self-attention cache in the matmul operand dtype (cache.stored_as): the same beams
   as a cache kept the way greedy search keeps it."""
@@ -54,7 +55,19 @@ def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy
   model = model.clone(config=dataclasses.replace(model.config, matmul_dtype=matmul_dtype))
   options = translator.DecodeOptions(beam_size=3, alpha=0.6)
   max_len = 12
+  searched_caches = []
+  beam_search = search.beam_search
+
+  def recording_beam_search(step, cache, *args, **kwargs):
+    searched_caches.append(cache)
+    return beam_search(step, cache, *args, **kwargs)
+
+  monkeypatch.setattr(search, "beam_search", recording_beam_search)
   shared = jax.jit(lambda p: translator.decode_batch(model, p, SRC, options, max_len))(params)
+  monkeypatch.setattr(search, "beam_search", beam_search)
+  stored = {leaf.dtype for path, leaf in flax.traverse_util.flatten_dict(searched_caches[0]).items()
+            if path[-1] in ("cached_key", "cached_value")}
+  assert stored == {jnp.dtype(matmul_dtype)}, stored
 
   @jax.jit
   def own_copies(params):

@@ -167,7 +167,7 @@ def define_decode_flags() -> None:
                     "one scale per weight column and per token (faster on CPUs with fast int8 "
                     "dot products; speed and BLEU cost: benchmarks/README.md); empty: as trained.")
   flags.DEFINE_enum("matmul_dtype", "", ["", "float32", "bfloat16", "auto"],
-                    "Matmul operands while decoding (float32 accumulation either way); auto: "
+                    "Matmul operands while decoding (accumulated in the compute dtype); auto: "
                     "bfloat16 where this host runs it natively; empty: as the run was trained.")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
   flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens (0: all).")

@@ -384,7 +384,7 @@ class MultiHeadAttention(nn.Module):
     if self.implementation == "chunked":
       attended = chunked_attention_heads_first(
           query.transpose(0, 2, 1, 3), key, value, AttentionMask.from_dense(mask),
-          block_size=self.block_size, matmul_dtype=cache_dtype).transpose(0, 2, 1, 3)
+          block_size=self.block_size, matmul_dtype=self._operand_dtype).transpose(0, 2, 1, 3)
       return attended.astype(self.dtype).reshape(rows, q_len, self.num_heads, self.d_v)
 
     def matmul(subscripts: str, lhs: Array, rhs: Array) -> Array:

@@ -14,7 +14,8 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from transformer_jax.data.pipeline import TranslationData
-from transformer_jax.decode.translator import DecodeOptions, Translator, translate_lines, translate_texts
+from transformer_jax.decode.translator import (DecodeOptions, Translator, for_decoding,
+                                               translate_lines, translate_texts)
 from transformer_jax.metrics import bleu
 from transformer_jax.model.transformer import Transformer, shift_right
 from transformer_jax.tasks.corpus import CorpusTask
@@ -143,18 +144,22 @@ def evaluate_texts(run: LoadedRun, sources: Sequence[str], references: Sequence[
   scores = bleu.all_scores(hypotheses, list(references), tok_references, references_kind)
   scores.update(sentences=len(sources), decode_seconds=round(seconds, 3),
                 sentences_per_second=round(len(sources) / max(seconds, 1e-9), 3),
-                decoding=decoding_settings(options))
+                decoding=decoding_settings(options, run.model))
   return scores, hypotheses
 
 
-def decoding_settings(options: DecodeOptions) -> dict:
-  """The search that made a score, written beside it (greedy: no beam or α)."""
+def decoding_settings(options: DecodeOptions, model: Any = None) -> dict:
+  """The search that made a score, written beside it (greedy: no beam or α).
+
+  A `--matmul_dtype` is written as `model` resolved it ("auto" as the dtype it chose).
+  """
   settings = dict(method=options.method, max_extra_len=options.max_extra_len,
                   min_length=options.min_length)
   if options.quantize:
     settings.update(quantize=options.quantize)
   if options.matmul_dtype:
-    settings.update(matmul_dtype=options.matmul_dtype)
+    resolved = for_decoding(model, options).config.matmul_dtype if model is not None else None
+    settings.update(matmul_dtype=resolved or options.matmul_dtype)
   if options.method == "beam":
     settings.update(beam_size=options.beam_size, alpha=options.alpha,
                     finish_rule=options.finish_rule, stop_rule=options.stop_rule)

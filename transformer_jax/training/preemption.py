@@ -15,12 +15,13 @@ class PreemptionWatcher:
   """
 
   def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._previous = signal.getsignal(signal.SIGTERM)
     outer = getattr(self._previous, "__self__", None)
     self._outer = outer if isinstance(outer, PreemptionWatcher) else None
-    if self._outer is not None:
-      self.requested = self._outer.requested
+    self.requested = False
+    signal.signal(signal.SIGTERM, self._handle)  # Everything _handle reads is set by now.
+    if self._outer is not None:  # Read after installing: one that came meanwhile counts too.
+      self.requested = self.requested or self._outer.requested
 
   def _handle(self, signum, frame) -> None:
     self.requested = True
