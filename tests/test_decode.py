@@ -243,6 +243,14 @@ def test_matmul_dtype_decodes_with_the_operands_asked_for(model_and_params):
         decoder(np.asarray(SRC)),
         np.asarray(translator.Translator(want_model, params, mesh, plain)(np.asarray(SRC))))
   assert translator.for_decoding(bf16, translator.DecodeOptions()) is bf16  # "": as trained.
+  from transformer_jax.errors import UserError
+
+  cudnn = model.clone(config=dataclasses.replace(model.config, matmul_dtype="bfloat16",
+                                                 attention_impl="cudnn", dropout_rate=0.0,
+                                                 attention_dropout_rate=0.0))
+  with pytest.raises(UserError, match="^--matmul_dtype=float32: not for this run, as "
+                                      "config.model.attention_impl='cudnn' takes bfloat16"):
+    translator.for_decoding(cudnn, translator.DecodeOptions(matmul_dtype="float32"))
 
 
 def test_attention_weights_cover_every_module(model_and_params):

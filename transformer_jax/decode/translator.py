@@ -124,7 +124,11 @@ def for_decoding(model: Transformer | DecoderOnly, options: DecodeOptions
     changes.update(matmul_dtype=options.matmul_dtype)
   if all(getattr(model.config, key) == value for key, value in changes.items()):
     return model
-  return model.clone(config=dataclasses.replace(model.config, **changes))
+  try:
+    return model.clone(config=dataclasses.replace(model.config, **changes))
+  except UserError as e:  # E.g. attention_impl="cudnn", which takes bfloat16 operands only.
+    asked = " ".join(f"--{key}={value}" for key, value in changes.items() if value)
+    raise UserError(f"{asked}: not for this run, as {e}") from None
 
 
 def decode_batch(
