@@ -27,6 +27,7 @@ import time
 from absl import flags
 
 import common
+from transformer_jax.model.config import MATMUL_DTYPES
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained encoder-decoder run.")
@@ -43,7 +44,7 @@ flags.DEFINE_list("ct2_compute_types", ["float32", "int8"], "CTranslate2 compute
 flags.DEFINE_integer("repeats", 2, "Timed rounds.")
 flags.DEFINE_enum("quantize", "", ["", "int8"], "Our weight matmuls in int8 "
                   "(DecodeOptions.quantize); CTranslate2 runs its own --ct2_compute_types.")
-flags.DEFINE_enum("matmul_dtype", "", ["", "float32", "bfloat16", "auto"],
+flags.DEFINE_enum("matmul_dtype", "", list(MATMUL_DTYPES),
                   "Our matmul operands (DecodeOptions.matmul_dtype); empty: as the run was "
                   "trained (the row records the dtype used).")
 flags.DEFINE_enum("beam_stop", "exact", ["exact", "best_finished"],

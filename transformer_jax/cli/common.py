@@ -27,6 +27,7 @@ from transformer_jax.data.text_files import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
 from transformer_jax.decode import search
 from transformer_jax.decode.translator import DecodeOptions
 from transformer_jax.errors import UserError
+from transformer_jax.model.config import MATMUL_DTYPES
 
 FLAGS = flags.FLAGS
 
@@ -166,7 +167,7 @@ def define_decode_flags() -> None:
   flags.DEFINE_enum("quantize", "", ["", "int8"], "int8: run the weight matmuls in int8, "
                     "one scale per weight column and per token (faster on CPUs with fast int8 "
                     "dot products; speed and BLEU cost: benchmarks/README.md); empty: as trained.")
-  flags.DEFINE_enum("matmul_dtype", "", ["", "float32", "bfloat16", "auto"],
+  flags.DEFINE_enum("matmul_dtype", "", list(MATMUL_DTYPES),
                     "Matmul operands while decoding (accumulated in the compute dtype); auto: "
                     "bfloat16 where this host runs it natively; empty: as the run was trained.")
   flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
