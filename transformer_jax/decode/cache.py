@@ -40,11 +40,13 @@ def grow_cache(cache, length: int):
   The new positions hold zeros and lie after `cache_index`, so the step mask
   hides them until they are written.
   """
-  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
-  for path, value in flat.items():
-    if path[-1] in _PER_STEP_ENTRIES and value.shape[2] < length:
-      flat[path] = jnp.pad(value, ((0, 0), (0, 0), (0, length - value.shape[2]), (0, 0)))
-  return traverse_util.unflatten_dict(flat)
+
+  def pad(value: Array) -> Array:
+    if value.shape[2] >= length:
+      return value
+    return jnp.pad(value, ((0, 0), (0, 0), (0, length - value.shape[2]), (0, 0)))
+
+  return _map_self_attention(cache, pad)
 
 
 def stored_as(cache, dtype) -> dict:
@@ -56,11 +58,15 @@ def stored_as(cache, dtype) -> dict:
   CPU, where they are otherwise kept in float32: precision.decoding_cache_dtype).
   The attention reads them as stored.
   """
+  return _map_self_attention(cache, lambda value: value.astype(dtype))
+
+
+def _map_self_attention(cache, fn) -> dict:
+  """`cache` with `fn` applied to each self-attention key/value (_PER_STEP_ENTRIES)."""
   flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
-  for path, value in flat.items():
-    if path[-1] in _PER_STEP_ENTRIES:
-      flat[path] = value.astype(dtype)
-  return traverse_util.unflatten_dict(flat)
+  return traverse_util.unflatten_dict(
+      {path: fn(value) if path[-1] in _PER_STEP_ENTRIES else value
+       for path, value in flat.items()})
 
 
 def split_cache(cache) -> tuple[dict, dict]:
