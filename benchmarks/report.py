@@ -165,7 +165,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
           f"| {when(r)} | {kind(r)} | {r['workdir']} ({r['checkpoint']}, step {r['step']}) "
           f"| {r['sentences']:,} {r['source']} | {r['beam_size']} | {r['alpha']:g} "
           f"| {r.get('beam_stop') or ('exact' if r['beam_size'] > 1 else '')} "
-          f"| {_ours_label(r) if name == 'jax' else name} "
+          f"| {_engine_label(r, name)} "
           f"| {e['sentences_per_s']:,.1f} | {ratio(ours / e['sentences_per_s']) if name != 'jax' else ''} "
           f"| {'–' if e['sacrebleu'] is None else format(e['sacrebleu'], '.2f')} "
           f"| {e['tok_bleu']:.2f} | {load(r)} | {r.get('note', '')} |")
@@ -187,13 +187,25 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
   summary.write_text("\n".join(lines) + "\n")
 
 
+def _engine_label(r: dict, name: str) -> str:
+  """A translate_real engine: ours (`jax`, or `jax_…` with the other shrinking) or CTranslate2."""
+  if name == "jax":
+    return _ours_label(r)
+  if name.startswith("jax_"):
+    return _ours_label({**r, "shrink_batch": name == "jax_shrinking"})
+  return name
+
+
 def _ours_label(r: dict) -> str:
-  """`jax`, with a translate_real row's batch size, operands and quantization where recorded."""
+  """`jax`, with a translate_real row's batch size, operands, quantization and shrinking
+  where recorded."""
   changes = [f"{r['tokens_per_batch']:,} tokens a batch"] if r.get("tokens_per_batch") else []
   if r.get("matmul_dtype"):
     changes.append(f"{r['matmul_dtype']} operands")
   if r.get("quantize"):
     changes.append("int8 weight matmuls")
+  if "shrink_batch" in r:  # Recorded since the batch could shrink as sentences stop.
+    changes.append("shrinking batch" if r["shrink_batch"] else "whole batch")
   return "jax" + (f" ({', '.join(changes)})" if changes else "")
 
 

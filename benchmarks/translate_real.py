@@ -19,6 +19,7 @@ BLEU always, sacreBLEU only on raw references (not for a run on Multi30k tok/).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -50,6 +51,11 @@ flags.DEFINE_enum("matmul_dtype", "", list(MATMUL_DTYPES),
 flags.DEFINE_enum("beam_stop", "exact", ["exact", "best_finished"],
                   "Our beam search's stop rule (search.beam_search); CTranslate2 always stops "
                   "a sentence once its best candidate ends (best_finished).")
+flags.DEFINE_bool("shrink_batch", None, "Our search goes on with the undecided sentences only, "
+                  "in smaller batches (DecodeOptions.shrink_batch; unset: the package's default, "
+                  "on for beam search); CTranslate2 drops finished sentences itself.")
+flags.DEFINE_bool("pair_shrink", False, "Time our search with the other --shrink_batch setting "
+                  "too, in the same rounds (engine jax_shrinking or jax_whole_batch).")
 
 Result = common.Result
 
@@ -72,7 +78,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   options = DecodeOptions(method="beam" if FLAGS.beam_size > 1 else "greedy",
                           beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                           max_extra_len=FLAGS.max_extra_len, stop_rule=FLAGS.beam_stop,
-                          quantize=FLAGS.quantize, matmul_dtype=FLAGS.matmul_dtype)
+                          quantize=FLAGS.quantize, matmul_dtype=FLAGS.matmul_dtype,
+                          shrink_batch=FLAGS.shrink_batch)
   directory = tempfile.mkdtemp(prefix="ct2_real_")
   export_ctranslate2(run, directory)
   engines = {compute_type: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
@@ -92,8 +99,17 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
         max_batch_size=FLAGS.ct2_batch_size, suppress_sequences=[["<pad>"], ["<s>"]])
     return [run.tokenizer.decode([piece_ids[p] for p in r.hypotheses[0]]) for r in results]
 
-  calls = {"jax": ours, **{f"ct2_{t}": (lambda e=e: theirs(e)) for t, e in engines.items()}}
-  outputs = {name: call() for name, call in calls.items()}  # Warm-up: compiles, caches.
+  calls = {"jax": ours}
+  if FLAGS.pair_shrink:
+    other = dataclasses.replace(options, shrink_batch=not options.shrinks_batch)
+    calls["jax_shrinking" if other.shrink_batch else "jax_whole_batch"] = (
+        lambda: translate_lines(run, sources, other, FLAGS.tokens_per_batch))
+  calls.update({f"ct2_{t}": (lambda e=e: theirs(e)) for t, e in engines.items()})
+  outputs, first_call_s = {}, {}
+  for name, call in calls.items():  # Warm-up: compiles, caches.
+    start = time.perf_counter()
+    outputs[name] = call()
+    first_call_s[name] = time.perf_counter() - start
   seconds: dict[str, list[float]] = {name: [] for name in calls}
   names = list(calls)
   for round_index in range(FLAGS.repeats):
@@ -108,6 +124,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
     scores = all_scores(outputs[name], references, references_kind=kind)
     engines_result[name] = dict(
         seconds=seconds[name], sentences_per_s=len(sources) / median,
+        first_call_s=first_call_s[name],
         sacrebleu=scores.get("sacrebleu"), tok_bleu=scores["tok_bleu"])
   ours_speed = engines_result["jax"]["sentences_per_s"]
   for name in names[1:]:
@@ -119,6 +136,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                 beam_stop=FLAGS.beam_stop if FLAGS.beam_size > 1 else None,
                 quantize=FLAGS.quantize or None,
                 matmul_dtype=for_decoding(run.model, options).config.matmul_dtype,
+                shrink_batch=options.shrinks_batch,
                 tokens_per_batch=FLAGS.tokens_per_batch or default_tokens_per_batch(),
                 ctranslate2_version=ctranslate2.__version__, engines=engines_result,
                 compare_mode="paired")

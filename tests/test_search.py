@@ -314,6 +314,66 @@ def test_early_stopping_does_not_change_results_and_saves_steps():
   assert np.all(np.isfinite(scores_a)), "every beam should have finished"
 
 
+def _sentence_model(tables: np.ndarray, rows_seen: list):
+  """The history model with its table ids as the search's `sentences` (one per sentence),
+  recording how many rows each step ran."""
+  tables = jnp.asarray(tables)
+
+  def tokens_to_logits(tokens, cache, step, sentences):
+    jax.debug.callback(lambda n: rows_seen.append(int(n)), jnp.int32(tokens.shape[0]) + 0 * step)
+    token = tokens[:, 0]
+    total = cache["sum"] + token
+    table = jnp.repeat(sentences["table"], tokens.shape[0] // sentences["table"].shape[0])
+    return tables[table, total % _MOD, token], {"sum": total}
+
+  return tokens_to_logits
+
+
+@pytest.mark.parametrize("method,finish_rule,stop_rule", [
+    ("greedy", None, None), ("beam", "t2t", "exact"), ("beam", "t2t", "best_finished"),
+    ("beam", "fairseq", "exact"), ("beam", "fairseq", "best_finished")])
+def test_a_shrinking_batch_returns_what_the_full_batch_returns(method, finish_rule, stop_rule):
+  """Sentences of one batch stop at different steps; once half of them have, the rest go on
+  in a batch of half the size: the same outputs and scores, in the same order, and fewer
+  rows computed. The per-sentence tables reach the step only through `sentences`, the
+  running sums only through the cache, so a sentence moved to the wrong slot, or a cache
+  row to the wrong beam, changes its outputs."""
+  rng = np.random.default_rng(7)
+  batch, beam, max_len = 13, 3, 30
+  tables = _random_logits(rng, (batch, _MOD, 12, 12))
+  tables[..., EOS_ID] += rng.uniform(-1.0, 3.0, size=(batch, 1, 1))  # Some end soon, some late.
+  max_lengths = jnp.asarray(rng.integers(4, max_len + 1, size=batch), jnp.int32)
+  sentences = {"table": jnp.arange(batch, dtype=jnp.int32)}
+  rows_per_sentence = beam if method == "beam" else 1
+  outputs, rows = {}, {}
+  for shrink in (False, True):
+    seen = []
+    model = _sentence_model(tables, seen)
+    cache = {"sum": jnp.zeros((batch * rows_per_sentence,), jnp.int32)}
+    if method == "beam":
+      result = search.beam_search(model, cache, batch, beam, 0.6, max_len,
+                                  max_lengths=max_lengths, finish_rule=finish_rule,
+                                  stop_rule=stop_rule, sentences=sentences, shrink_batch=shrink)
+    else:
+      result = (search.greedy_search(model, cache, batch, max_len, max_lengths=max_lengths,
+                                     sentences=sentences, shrink_batch=shrink),)
+    outputs[shrink] = [np.asarray(x) for x in jax.block_until_ready(result)]
+    rows[shrink] = seen
+  for shrunk, full in zip(outputs[True], outputs[False]):
+    np.testing.assert_array_equal(shrunk, full)
+  assert set(rows[False]) == {batch * rows_per_sentence}
+  assert set(rows[True]) > {batch * rows_per_sentence, 7 * rows_per_sentence}, rows[True]
+  assert sum(rows[True]) < sum(rows[False])
+  assert len(rows[True]) == len(rows[False]), "the same steps, on fewer rows"
+
+
+def test_shrinking_sizes_halve_the_batch_three_times_at_most():
+  assert search.shrinking_sizes(64) == (64, 32, 16, 8)
+  assert search.shrinking_sizes(13) == (13, 7, 4, 2)
+  assert search.shrinking_sizes(2) == (2, 1)
+  assert search.shrinking_sizes(1) == (1,)
+
+
 def _beam_best_finished_np(next_logprobs, beam: int, alpha: float, max_len: int,
                            finish_rule: str = "t2t"):
   """NumPy beam search that stops once a step's best candidate ends in EOS.

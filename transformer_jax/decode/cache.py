@@ -86,8 +86,18 @@ def step_logits(
   row per sentence of `src_tokens`), the search's `cache` holds only the
   per-row entries and `n` may be any multiple of the sentences (beams).
   """
+  step_fn = sentence_step_logits(model, params)
+  return lambda tokens, cache, step: step_fn(tokens, cache, step, (src_tokens, sentence_cache))
 
-  def tokens_to_logits(tokens, cache, step):
+
+def sentence_step_logits(model: Transformer, params) -> search.TokensToLogits:
+  """`step_logits` with the sentences' inputs as the search's `sentences` argument:
+  (tokens [n, 1], cache, step, (src_tokens, sentence_cache)) -> (logits, cache), so a
+  shrinking search shrinks them with its batch. `sentence_cache` may be None (the
+  cross-attention entries are then in `cache`)."""
+
+  def tokens_to_logits(tokens, cache, step, sentences):
+    src_tokens, sentence_cache = sentences
     positions = jnp.full(tokens.shape, step, jnp.int32)
     full_cache = cache
     if sentence_cache is not None:

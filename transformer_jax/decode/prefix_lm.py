@@ -71,10 +71,18 @@ def step_mask(prompt_tokens: Array, rows: int, step: Array, cache_len: int) -> A
 
 def step_logits(model: DecoderOnly, params: Any, prompt_tokens: Array) -> search.TokensToLogits:
   """The search's step function over a prefilled cache: (tokens [n, 1], cache, step)."""
-  prompt_lengths = jnp.sum(prompt_tokens != PAD_ID, axis=-1)
+  step_fn = sentence_step_logits(model, params)
+  return lambda tokens, cache, step: step_fn(tokens, cache, step, prompt_tokens)
 
-  def tokens_to_logits(tokens, cache, step):
+
+def sentence_step_logits(model: DecoderOnly, params: Any) -> search.TokensToLogits:
+  """`step_logits` with the prompts as the search's `sentences` argument:
+  (tokens [n, 1], cache, step, prompt_tokens) -> (logits, cache), so a shrinking
+  search shrinks them with its batch."""
+
+  def tokens_to_logits(tokens, cache, step, prompt_tokens):
     rows = tokens.shape[0]
+    prompt_lengths = jnp.sum(prompt_tokens != PAD_ID, axis=-1)
     lengths = jnp.repeat(prompt_lengths, rows // prompt_tokens.shape[0], axis=0)
     logits, variables = model.apply(
         {"params": params, "cache": cache}, tokens, positions=(lengths + step)[:, None],

@@ -16,6 +16,19 @@ are passed through unchanged.
 Outputs hold the generated tokens without BOS, up to and including EOS, and
 PAD after it; a sentence ends at EOS or after `max_lengths[b]` tokens.
 
+Per-sentence inputs: a step that reads data of its sentences (source tokens,
+cross-attention keys and values) takes them through `sentences`, a PyTree whose
+leaves have leading dimension batch; the search then calls
+
+  tokens_to_logits(tokens, cache, step, sentences)
+
+A shrinking batch (`shrink_batch=True`, greedy and beam search): once no more
+than half of the sentences are still decoding, the loop goes on with those
+only, in a batch of half the size (then a quarter, an eighth), as CTranslate2
+drops finished sentences. The results are the same; the step must take every
+per-sentence input through `sentences` or the cache, which shrink with the
+batch.
+
 A growing cache: with `cache_lengths` (increasing, the last one
 `max_decode_len`) and `grow_cache(cache, length) -> cache`, the search runs
 one while loop per length; before the loop that ends at step L the cache is
@@ -67,6 +80,70 @@ def _while_in_phases(cond_fn, body_fn, state, max_decode_len: int,
     state = jax.lax.while_loop(
         lambda s, length=length: cond_fn(s) & (s.step < length), body_fn, state)
   return state
+
+
+def shrinking_sizes(batch_size: int, halvings: int = 3) -> tuple[int, ...]:
+  """The batch sizes of a shrinking search: `batch_size`, then halved (rounded up)
+  up to `halvings` times: 64 -> (64, 32, 16, 8). Each size is one more compiled loop."""
+  sizes = [int(batch_size)]
+  while len(sizes) <= halvings and sizes[-1] > 1:
+    sizes.append((sizes[-1] + 1) // 2)
+  return tuple(sizes)
+
+
+def _take_sentences(tree: PyTree, keep: jax.Array, rows_per_sentence: int) -> PyTree:
+  """The rows of sentences `keep` (int32[n]) of leaves [batch * rows_per_sentence, ...];
+  rank-0 leaves as they are."""
+  rows = (keep[:, None] * rows_per_sentence + jnp.arange(rows_per_sentence)).reshape(-1)
+  return jax.tree_util.tree_map(
+      lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows, axis=0), tree)
+
+
+def _run_search(cond_fn, body_fn, state, finalize: Callable[[Any], PyTree],
+                batch_sizes: Sequence[int], rows_per_sentence: int, max_decode_len: int,
+                cache_lengths: Sequence[int], grow_cache: GrowCache | None) -> PyTree:
+  """`finalize(state)` after the search loop, for every sentence in batch order.
+
+  `state` is a NamedTuple with `step` (shared), `cache` (leaves of
+  `rows_per_sentence` rows a sentence), `done` (bool[batch]) and per-sentence
+  fields. With several `batch_sizes` (`shrinking_sizes`), the loop at each size
+  stops once no more sentences than the next size are left undone; the undone
+  ones (and done ones to fill the size) go on in the smaller batch, and the
+  outputs of every sentence are written back in place. A done sentence's state
+  no longer changes, so its outputs are final when it is dropped. The growing
+  cache's loops run at the first size; the smaller batches use the cache at its
+  full length.
+  """
+  sentence_ids = jnp.arange(batch_sizes[0])
+  outputs = None
+  for stage, size in enumerate(batch_sizes):
+    smaller = batch_sizes[stage + 1] if stage + 1 < len(batch_sizes) else None
+    stage_cond = cond_fn
+    if smaller is not None:
+      stage_cond = lambda s, smaller=smaller: cond_fn(s) & (jnp.sum(~s.done) > smaller)
+    state = _while_in_phases(stage_cond, body_fn, state, max_decode_len,
+                             cache_lengths if stage == 0 else (), grow_cache)
+    result = finalize(state)
+    if outputs is None:
+      outputs = result
+    else:
+      outputs = jax.tree_util.tree_map(lambda out, new: out.at[sentence_ids].set(new),
+                                       outputs, result)
+    if smaller is not None:
+      keep = jnp.argsort(state.done, stable=True)[:smaller]  # Undone sentences first.
+      sentence_ids = sentence_ids[keep]
+      state = state._replace(**{
+          field: _take_sentences(getattr(state, field), keep,
+                                 rows_per_sentence if field == "cache" else 1)
+          for field in state._fields if field != "step"})
+  return outputs
+
+
+def _with_sentences(tokens_to_logits: Callable, sentences: PyTree) -> Callable:
+  """The step as `(tokens, cache, step, sentences)`, whether or not it takes `sentences`."""
+  if sentences is None:
+    return lambda tokens, cache, step, _: tokens_to_logits(tokens, cache, step)
+  return tokens_to_logits
 
 
 # Which hypotheses beam search counts as finished (`beam_search`'s `finish_rule`).
@@ -200,6 +277,8 @@ class _BeamState(NamedTuple):
   finished_seqs: jax.Array  # int32[batch, beam, max_decode_len], end in EOS.
   finished_scores: jax.Array  # float32[batch, beam], best first; -inf: empty.
   done: jax.Array  # bool[batch]: the sentence's beams are final.
+  max_lengths: jax.Array  # int32[batch]: most tokens, EOS included.
+  sentences: PyTree  # leaves [batch, ...]: the step's per-sentence inputs.
   cache: PyTree  # leaves [batch*beam, ...], row b*beam + k for alive beam k.
 
 
@@ -217,7 +296,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 cache_lengths: Sequence[int] = (),
                 grow_cache: GrowCache | None = None,
                 finish_rule: str = "t2t",
-                stop_rule: str = "exact") -> tuple[jax.Array, jax.Array]:
+                stop_rule: str = "exact",
+                sentences: PyTree = None,
+                shrink_batch: bool = False) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty (paper §6.1), best first.
 
   Each step extends the alive beams, keeps the 2*beam best candidates, moves
@@ -261,6 +342,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
       best are finished, and hypotheses cut at the maximum length compete
       with the finished ones. They differ only where a hypothesis ranked
       below the beam ends, or the length limit cuts one that would win.
+    sentences: the step's per-sentence inputs (module docstring).
+    shrink_batch: go on with the undecided sentences only, in smaller
+      batches, as sentences stop (module docstring). Same results.
 
   Returns:
     sequences: int32[batch, beam, max_decode_len], tokens after EOS are PAD.
@@ -276,6 +360,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     raise UserError(f"stop_rule={stop_rule!r} is not one of {', '.join(STOP_RULES)}")
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
   rows = batch_size * beam_size
+  step_fn = _with_sentences(tokens_to_logits, sentences)
 
   def expand(x):
     if jnp.ndim(x) == 0 or x.shape[0] == rows:
@@ -296,6 +381,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
       finished_seqs=seqs0,
       finished_scores=jnp.full((batch_size, beam_size), neg_inf),
       done=max_lengths <= 0,
+      max_lengths=max_lengths,
+      sentences=sentences,
       cache=jax.tree_util.tree_map(expand, cache))
 
   def cond_fn(s: _BeamState) -> jax.Array:
@@ -303,16 +390,17 @@ def beam_search(tokens_to_logits: TokensToLogits,
 
   def body_fn(s: _BeamState) -> _BeamState:
     t = s.step
+    batch = s.done.shape[0]  # Smaller than batch_size in a shrunk batch.
     prev = jax.lax.dynamic_index_in_dim(
         s.alive_seqs, jnp.maximum(t - 1, 0), axis=2, keepdims=False)
     tokens = jnp.where(t == 0, jnp.int32(bos_id), prev)  # [batch, beam]
-    logits, cache = tokens_to_logits(tokens.reshape(rows, 1), s.cache, t)
+    logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences)
     vocab = logits.shape[-1]
-    logits = logits.astype(jnp.float32).reshape(batch_size, beam_size, vocab)
+    logits = logits.astype(jnp.float32).reshape(batch, beam_size, vocab)
     # alive + log_softmax(z) as z + (alive - logsumexp(z)): one pass over the
     # [rows, vocab] logits after the reduction, not three.
     offsets = s.alive_logprobs - jax.nn.logsumexp(logits, axis=-1)
-    candidates = (logits + offsets[:, :, None]).reshape(batch_size, beam_size * vocab)
+    candidates = (logits + offsets[:, :, None]).reshape(batch, beam_size * vocab)
 
     # 2*beam candidates leave at least `beam` that do not end in EOS.
     num_candidates = min(2 * beam_size, beam_size * vocab)
@@ -335,8 +423,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
         jnp.where(ends, neg_inf, top_logprobs), beam_size)
     alive_seqs = jnp.take_along_axis(top_seqs, alive_index[:, :, None], 1)
     parent = jnp.take_along_axis(top_parent, alive_index, 1)  # [batch, beam]
-    rows_index = (jnp.arange(batch_size)[:, None] * beam_size
-                  + parent).reshape(rows)
+    rows_index = (jnp.arange(batch)[:, None] * beam_size
+                  + parent).reshape(batch * beam_size)
     cache = jax.tree_util.tree_map(
         lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows_index, axis=0),
         cache)
@@ -355,7 +443,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     # Sentences already done keep their beams (their cache rows keep
     # running, but nothing reads their logits).
     def keep(old, new):
-      mask = s.done.reshape((batch_size,) + (1,) * (old.ndim - 1))
+      mask = s.done.reshape((batch,) + (1,) * (old.ndim - 1))
       return jnp.where(mask, old, new)
 
     alive_seqs = keep(s.alive_seqs, alive_seqs)
@@ -363,9 +451,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
     finished_seqs = keep(s.finished_seqs, finished_seqs)
     finished_scores = keep(s.finished_scores, finished_scores)
 
-    done = s.done | (t + 1 >= max_lengths)
+    done = s.done | (t + 1 >= s.max_lengths)
     if early_stopping and not ignore_eos and stop_rule == "exact":
-      best_possible = alive_logprobs[:, 0] / length_penalty(max_lengths, alpha)
+      best_possible = alive_logprobs[:, 0] / length_penalty(s.max_lengths, alpha)
       done |= finished_scores[:, -1] > best_possible
     if early_stopping and not ignore_eos and stop_rule == "best_finished":
       stops = finishes[:, 0] & ~done  # This step's best candidate ended in EOS.
@@ -373,29 +461,32 @@ def beam_search(tokens_to_logits: TokensToLogits,
       # finished ones at the end (fairseq's rule scores cut beams with lp(max_lengths)).
       alive_logprobs = jnp.where(stops[:, None], neg_inf, alive_logprobs)
       done |= stops
-    return _BeamState(t + 1, alive_seqs, alive_logprobs, finished_seqs,
-                      finished_scores, done, cache)
+    return s._replace(step=t + 1, alive_seqs=alive_seqs, alive_logprobs=alive_logprobs,
+                      finished_seqs=finished_seqs, finished_scores=finished_scores, done=done,
+                      cache=cache)
 
-  state = _while_in_phases(cond_fn, body_fn, state, max_decode_len, cache_lengths,
-                           grow_cache)
+  def finalize(state: _BeamState) -> tuple[jax.Array, jax.Array]:
+    any_finished = state.finished_scores[:, 0] > neg_inf  # [batch]
+    alive_scores = state.alive_logprobs / length_penalty(
+        state.max_lengths, alpha)[:, None]
+    if finish_rule == "fairseq":  # The beams cut at the length limit compete too.
+      # (A sentence stopped early by the exact rule: its alive beams score below all its
+      # finished ones; by best_finished: they were set to -inf.)
+      scores, index = jax.lax.top_k(
+          jnp.concatenate([state.finished_scores, alive_scores], axis=1), beam_size)
+      sequences = jnp.take_along_axis(
+          jnp.concatenate([state.finished_seqs, state.alive_seqs], axis=1), index[:, :, None], 1)
+      return jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID), scores
+    sequences = jnp.where(any_finished[:, None, None], state.finished_seqs,
+                          state.alive_seqs)
+    scores = jnp.where(any_finished[:, None], state.finished_scores,
+                       alive_scores)
+    sequences = jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID)
+    return sequences, scores
 
-  any_finished = state.finished_scores[:, 0] > neg_inf  # [batch]
-  alive_scores = state.alive_logprobs / length_penalty(
-      max_lengths, alpha)[:, None]
-  if finish_rule == "fairseq":  # The beams cut at the length limit compete too.
-    # (A sentence stopped early by the exact rule: its alive beams score below all its
-    # finished ones; by best_finished: they were set to -inf.)
-    scores, index = jax.lax.top_k(
-        jnp.concatenate([state.finished_scores, alive_scores], axis=1), beam_size)
-    sequences = jnp.take_along_axis(
-        jnp.concatenate([state.finished_seqs, state.alive_seqs], axis=1), index[:, :, None], 1)
-    return jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID), scores
-  sequences = jnp.where(any_finished[:, None, None], state.finished_seqs,
-                        state.alive_seqs)
-  scores = jnp.where(any_finished[:, None], state.finished_scores,
-                     alive_scores)
-  sequences = jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID)
-  return sequences, scores
+  batch_sizes = shrinking_sizes(batch_size) if shrink_batch else (batch_size,)
+  return _run_search(cond_fn, body_fn, state, finalize, batch_sizes, beam_size, max_decode_len,
+                     cache_lengths, grow_cache)
 
 
 # --------------------------------------------------------------------------
@@ -407,6 +498,8 @@ class _StepState(NamedTuple):
   seqs: jax.Array  # int32[batch, max_decode_len].
   last: jax.Array  # int32[batch]: the latest token (BOS at first).
   done: jax.Array  # bool[batch].
+  max_lengths: jax.Array  # int32[batch]: most tokens, EOS included.
+  sentences: PyTree  # leaves [batch, ...]: the step's per-sentence inputs.
   cache: PyTree  # leaves [batch, ...].
 
 
@@ -415,30 +508,34 @@ def _decode_one_per_step(
     choose: Callable[[jax.Array, jax.Array], jax.Array], batch_size: int,
     max_decode_len: int, max_lengths: jax.Array | None, eos_id: int,
     bos_id: int, ignore_eos: bool, cache_lengths: Sequence[int],
-    grow_cache: GrowCache | None) -> jax.Array:
+    grow_cache: GrowCache | None, sentences: PyTree = None,
+    batch_sizes: Sequence[int] = ()) -> jax.Array:
   """Decodes with `choose(logits[batch, vocab], rng) -> int32[batch]`."""
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+  step_fn = _with_sentences(tokens_to_logits, sentences)
 
   def cond_fn(s: _StepState) -> jax.Array:
     return (s.step < max_decode_len) & ~jnp.all(s.done)
 
   def body_fn(s: _StepState) -> _StepState:
-    logits, cache = tokens_to_logits(s.last[:, None], s.cache, s.step)
+    logits, cache = step_fn(s.last[:, None], s.cache, s.step, s.sentences)
     token = choose(logits.astype(jnp.float32), jax.random.fold_in(rng, s.step))
     token = jnp.where(s.done, PAD_ID, token.astype(jnp.int32))
     seqs = s.seqs.at[:, s.step].set(token)
-    done = s.done | (s.step + 1 >= max_lengths)
+    done = s.done | (s.step + 1 >= s.max_lengths)
     if not ignore_eos:
       done |= token == eos_id
-    return _StepState(s.step + 1, seqs, token, done, cache)
+    return s._replace(step=s.step + 1, seqs=seqs, last=token, done=done, cache=cache)
 
   state = _StepState(jnp.int32(0),
                      jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
                      jnp.full((batch_size,), bos_id, jnp.int32),
                      max_lengths <= 0,
+                     max_lengths,
+                     sentences,
                      cache)
-  return _while_in_phases(cond_fn, body_fn, state, max_decode_len, cache_lengths,
-                          grow_cache).seqs
+  return _run_search(cond_fn, body_fn, state, lambda s: s.seqs, batch_sizes or (batch_size,),
+                     1, max_decode_len, cache_lengths, grow_cache)
 
 
 def greedy_search(tokens_to_logits: TokensToLogits,
@@ -450,18 +547,23 @@ def greedy_search(tokens_to_logits: TokensToLogits,
                   bos_id: int = BOS_ID,
                   ignore_eos: bool = False,
                   cache_lengths: Sequence[int] = (),
-                  grow_cache: GrowCache | None = None) -> jax.Array:
+                  grow_cache: GrowCache | None = None,
+                  sentences: PyTree = None,
+                  shrink_batch: bool = False) -> jax.Array:
   """Greedy decoding: int32[batch, max_decode_len], PAD after EOS.
 
   The cache leaves have leading dimension batch. The loop stops as soon as
   every sentence has emitted EOS or reached `max_lengths[b]` tokens;
-  `ignore_eos=True` decodes exactly `max_lengths[b]` tokens.
+  `ignore_eos=True` decodes exactly `max_lengths[b]` tokens. `sentences` and
+  `shrink_batch`: the step's per-sentence inputs and a shrinking batch (module
+  docstring; same tokens).
   """
   _validate(max_decode_len)
   choose = lambda logits, rng: first_argmax(logits)
   return _decode_one_per_step(tokens_to_logits, cache, jax.random.key(0),
                               choose, batch_size, max_decode_len, max_lengths,
-                              eos_id, bos_id, ignore_eos, cache_lengths, grow_cache)
+                              eos_id, bos_id, ignore_eos, cache_lengths, grow_cache,
+                              sentences, shrinking_sizes(batch_size) if shrink_batch else ())
 
 
 def sample(tokens_to_logits: TokensToLogits,
@@ -476,12 +578,14 @@ def sample(tokens_to_logits: TokensToLogits,
            bos_id: int = BOS_ID,
            ignore_eos: bool = False,
            cache_lengths: Sequence[int] = (),
-           grow_cache: GrowCache | None = None) -> jax.Array:
+           grow_cache: GrowCache | None = None,
+           sentences: PyTree = None) -> jax.Array:
   """Ancestral sampling: int32[batch, max_decode_len], PAD after EOS.
 
   Samples from softmax(logits / temperature), restricted to the `top_k`
   most likely tokens when `top_k` > 0. The cache leaves have leading
-  dimension batch.
+  dimension batch; `sentences`: the step's per-sentence inputs (module
+  docstring). The batch never shrinks: a sentence's draws depend on its row.
   """
   _validate(max_decode_len, temperature=temperature, top_k=top_k)
 
@@ -494,4 +598,4 @@ def sample(tokens_to_logits: TokensToLogits,
 
   return _decode_one_per_step(tokens_to_logits, cache, rng, choose,
                               batch_size, max_decode_len, max_lengths, eos_id,
-                              bos_id, ignore_eos, cache_lengths, grow_cache)
+                              bos_id, ignore_eos, cache_lengths, grow_cache, sentences)

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from transformer_jax import sharding
 from transformer_jax.decode import prefix_lm, search
-from transformer_jax.decode.cache import (grow_cache, init_cache, split_cache, step_logits,
+from transformer_jax.decode.cache import (grow_cache, init_cache, sentence_step_logits, split_cache,
                                           stored_as)
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
@@ -74,12 +74,24 @@ class DecodeOptions:
   # Matmul operands while decoding: "" as the run was configured, else "float32",
   # "bfloat16" or "auto" (bfloat16 where this host runs it natively; ModelConfig.matmul_dtype).
   matmul_dtype: str = ""
+  # Greedy and beam search go on with the undecided sentences only, in a batch of half the
+  # size (then a quarter, an eighth), once half or more have stopped, as CTranslate2 drops
+  # finished sentences: same outputs, fewer rows a step, three more compiled loops
+  # (search.shrinking_sizes). None: on for beam search, off for greedy search, which gains
+  # little for its compiles (measured on Multi30k test2016: benchmarks/README.md). Sampling
+  # keeps its batch (a sentence's draws depend on its row).
+  shrink_batch: bool | None = None
 
   @classmethod
   def from_config(cls, config: Any) -> "DecodeOptions":
     """The §6.1 search of an experiment config (beam_size, length_penalty, max_decode_extra_len)."""
     return cls(beam_size=config.beam_size, alpha=config.length_penalty,
                max_extra_len=config.max_decode_extra_len)
+
+  @property
+  def shrinks_batch(self) -> bool:
+    """Whether the search shrinks its batch as sentences stop (`shrink_batch` resolved)."""
+    return self.method == "beam" if self.shrink_batch is None else self.shrink_batch
 
   @property
   def grows_cache(self) -> bool:
@@ -109,6 +121,9 @@ class DecodeOptions:
     if self.stop_rule not in search.STOP_RULES:
       raise UserError(f"--beam_stop={self.stop_rule!r} is not one of "
                       f"{', '.join(search.STOP_RULES)}")
+    if self.shrink_batch and self.method == "sample":
+      raise UserError("--shrink_batch is for greedy and beam search: sampling keeps its batch, "
+                      "as a sentence's draws depend on its row; leave it unset")
     if self.temperature <= 0:
       raise UserError(f"--temperature={self.temperature} must be > 0 (1: the model's own "
                       "distribution; greedy search is the limit of 0)")
@@ -151,33 +166,35 @@ def decode_batch(
   if isinstance(model, DecoderOnly):  # A prefix LM: the source is the prompt, attended both ways.
     src_len = src_tokens.shape[1]
     _, cache = prefix_lm.prefill(model, params, src_tokens, src_len + first_length, prefix_lm=True)
-    step = beam_step = prefix_lm.step_logits(model, params, src_tokens)
-    beam_cache, grow = cache, prefix_lm.growing(src_len)
+    step, sentences = prefix_lm.sentence_step_logits(model, params), src_tokens
+    grow = prefix_lm.growing(src_len)
   else:
     encoded = model.apply({"params": params}, src_tokens, method=Transformer.encode)
-    cache = init_cache(model, params, encoded, src_tokens, first_length)
     # The beams of a sentence share its cross-attention keys/values: only
     # the self-attention caches are repeated per beam and reordered.
-    beam_cache, sentence_cache = split_cache(cache)
-    beam_step = step_logits(model, params, src_tokens, sentence_cache)
-    step, grow = step_logits(model, params, src_tokens), grow_cache
-  min_length = 0 if options.ignore_eos else options.min_length
-  step, beam_step = (allowed_tokens(fn, min_length) for fn in (step, beam_step))
+    cache, sentence_cache = split_cache(
+        init_cache(model, params, encoded, src_tokens, first_length))
+    step, sentences = sentence_step_logits(model, params), (src_tokens, sentence_cache)
+    grow = grow_cache
+  step = allowed_tokens(step, 0 if options.ignore_eos else options.min_length)
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
   batch_size = src_tokens.shape[0]
   common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths, eos_id=EOS_ID,
                 bos_id=BOS_ID, ignore_eos=options.ignore_eos, cache_lengths=cache_lengths,
-                grow_cache=grow)  # No cache_lengths: one loop, grow_cache unused.
+                grow_cache=grow,  # No cache_lengths: one loop, grow_cache unused.
+                sentences=sentences)
   if options.method == "beam":
-    beam_cache = stored_as(beam_cache, model.config.matmul_operand_dtype)  # Reordered: halved.
+    cache = stored_as(cache, model.config.matmul_operand_dtype)  # Reordered: halved.
     sequences, _ = search.beam_search(
-        beam_step, beam_cache, batch_size, options.beam_size, options.alpha,
-        finish_rule=options.finish_rule, stop_rule=options.stop_rule, **common
+        step, cache, batch_size, options.beam_size, options.alpha,
+        finish_rule=options.finish_rule, stop_rule=options.stop_rule,
+        shrink_batch=options.shrinks_batch, **common
     )
     return sequences[:, 0]
   if options.method == "greedy":
-    return search.greedy_search(step, cache, batch_size, **common)
+    return search.greedy_search(step, cache, batch_size, shrink_batch=options.shrinks_batch,
+                                **common)
   return search.sample(
       step, cache, rng if rng is not None else jax.random.key(0), batch_size,
       temperature=options.temperature, top_k=options.top_k, **common,
@@ -193,8 +210,8 @@ def allowed_tokens(tokens_to_logits: search.TokensToLogits, min_length: int
   is told. One scatter a step sets all three columns.
   """
 
-  def step(tokens, cache, t):
-    logits, cache = tokens_to_logits(tokens, cache, t)
+  def step(tokens, cache, t, *sentences):
+    logits, cache = tokens_to_logits(tokens, cache, t, *sentences)
     eos = jnp.where(t < min_length, -jnp.inf, logits[:, EOS_ID])
     never = jnp.full((logits.shape[0], 2), -jnp.inf, logits.dtype)
     values = jnp.concatenate([never, eos[:, None].astype(logits.dtype)], axis=1)
