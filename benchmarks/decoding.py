@@ -122,6 +122,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
         tokens_per_s=FLAGS.batch_size * FLAGS.decode_steps / seconds,
         first_call_s=first_s,  # Compiling + one run: on a loaded host the difference is noise.
         growing_cache=options.grows_cache,
+        shrink_batch=options.shrink_batch,  # Fixed work (EOS ignored, equal lengths): no effect.
         distinct_tokens=int(len(np.unique(out))),
     )
   memory, memory_source = common.peak_memory()

@@ -51,9 +51,9 @@ flags.DEFINE_enum("matmul_dtype", "", list(MATMUL_DTYPES),
 flags.DEFINE_enum("beam_stop", "exact", ["exact", "best_finished"],
                   "Our beam search's stop rule (search.beam_search); CTranslate2 always stops "
                   "a sentence once its best candidate ends (best_finished).")
-flags.DEFINE_bool("shrink_batch", None, "Our search goes on with the undecided sentences only, "
-                  "in smaller batches (DecodeOptions.shrink_batch; unset: the package's default, "
-                  "on for beam search); CTranslate2 drops finished sentences itself.")
+flags.DEFINE_bool("shrink_batch", False, "Our search goes on in smaller batches as sentences "
+                  "stop (DecodeOptions.shrink_batch); CTranslate2 drops finished sentences "
+                  "itself.")
 flags.DEFINE_bool("pair_shrink", False, "Time our search with the other --shrink_batch setting "
                   "too, in the same rounds (engine jax_shrinking or jax_whole_batch).")
 
@@ -101,7 +101,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
 
   calls = {"jax": ours}
   if FLAGS.pair_shrink:
-    other = dataclasses.replace(options, shrink_batch=not options.shrinks_batch)
+    other = dataclasses.replace(options, shrink_batch=not options.shrink_batch)
     calls["jax_shrinking" if other.shrink_batch else "jax_whole_batch"] = (
         lambda: translate_lines(run, sources, other, FLAGS.tokens_per_batch))
   calls.update({f"ct2_{t}": (lambda e=e: theirs(e)) for t, e in engines.items()})
@@ -136,7 +136,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                 beam_stop=FLAGS.beam_stop if FLAGS.beam_size > 1 else None,
                 quantize=FLAGS.quantize or None,
                 matmul_dtype=for_decoding(run.model, options).config.matmul_dtype,
-                shrink_batch=options.shrinks_batch,
+                shrink_batch=options.shrink_batch,
                 tokens_per_batch=FLAGS.tokens_per_batch or default_tokens_per_batch(),
                 ctranslate2_version=ctranslate2.__version__, engines=engines_result,
                 compare_mode="paired")

@@ -150,10 +150,10 @@ def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_p
                          "--beam_stop=best_finished", "--quantize=int8",
                          "--ct2_compute_types=float32", "--pair_shrink", "--json")
   assert result["beam_stop"] == "best_finished" and result["quantize"] == "int8"
-  assert set(result["engines"]) == {"jax", "jax_whole_batch", "ct2_float32"}, result["engines"]
-  assert result["shrink_batch"] is True  # Unset: beam search shrinks its batch.
+  assert set(result["engines"]) == {"jax", "jax_shrinking", "ct2_float32"}, result["engines"]
+  assert result["shrink_batch"] is False  # Unset: the whole batch to the end.
   engines = result["engines"]
-  assert engines["jax"]["tok_bleu"] == engines["jax_whole_batch"]["tok_bleu"]  # Same outputs.
+  assert engines["jax"]["tok_bleu"] == engines["jax_shrinking"]["tok_bleu"]  # Same outputs.
   for engine in result["engines"].values():
     assert engine["sentences_per_s"] > 0 and engine["sacrebleu"] is not None  # Raw text.
   assert result["engines"]["jax"]["jax_over_ct2_float32"] > 0

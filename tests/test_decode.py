@@ -114,8 +114,9 @@ def test_growing_cache_decodes_what_the_full_length_cache_decodes(model_and_para
 @pytest.mark.parametrize("family", ["encoder_decoder", "prefix_lm"])
 @pytest.mark.parametrize("method", ["beam", "greedy"])
 def test_a_shrinking_batch_decodes_what_the_full_batch_decodes(tiny_model_config, family, method):
-  """Nine sentences of 2 to 10 tokens stop at different steps; decoded on in batches of 5,
-  3 and 2 (the growing cache too, for beam search), they come out as in one batch of 9."""
+  """Nine sentences of 2 to 10 tokens stop at different steps, past the growing cache's
+  first lengths (16, 32); decoded on in batches of 5, 3 and 2, they come out as in one
+  batch of 9."""
   from transformer_jax.model.decoder_only import DecoderOnly
 
   rng = np.random.default_rng(0)
@@ -128,24 +129,22 @@ def test_a_shrinking_batch_decodes_what_the_full_batch_decodes(tiny_model_config
       (src, src) if family == "encoder_decoder" else (src,)))["params"]
   outputs = {}
   for shrink in (False, True):
-    options = translator.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=4,
-                                       min_length=0, shrink_batch=shrink)
+    options = translator.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=30,
+                                       min_length=0, shrink_batch=shrink, growing_cache=True)
     outputs[shrink] = np.asarray(jax.jit(
-        lambda p: translator.decode_batch(model, p, jnp.asarray(src), options, 14))(params))
+        lambda p: translator.decode_batch(model, p, jnp.asarray(src), options, 40))(params))
   np.testing.assert_array_equal(outputs[True], outputs[False])
   lengths = (outputs[False] != 0).sum(-1)
-  assert len(set(lengths.tolist())) >= 4, lengths  # The sentences did stop at different steps.
+  assert len(set(lengths.tolist())) >= 4, lengths  # The sentences did stop at different steps,
+  assert lengths.max() > 32, lengths  # some in the cache's third length.
 
 
-@pytest.mark.parametrize("option,resolved", [("growing_cache", "grows_cache"),
-                                              ("shrink_batch", "shrinks_batch")])
-def test_growing_cache_and_shrinking_batch_are_on_by_default_for_beam_search_only(option,
-                                                                                   resolved):
-  options = lambda **kwargs: getattr(translator.DecodeOptions(**kwargs), resolved)
-  assert options() and options(method="beam")
-  assert not options(method="greedy") and not options(method="sample")
-  assert not options(**{option: False})
-  assert options(method="greedy", **{option: True})
+def test_growing_cache_is_on_by_default_for_beam_search_only():
+  assert translator.DecodeOptions().grows_cache
+  assert not translator.DecodeOptions(method="greedy").grows_cache
+  assert not translator.DecodeOptions(method="sample").grows_cache
+  assert not translator.DecodeOptions(growing_cache=False).grows_cache
+  assert translator.DecodeOptions(method="greedy", growing_cache=True).grows_cache
 
 
 def test_sampling_refuses_a_shrinking_batch():

@@ -367,6 +367,14 @@ def test_a_shrinking_batch_returns_what_the_full_batch_returns(method, finish_ru
   assert len(rows[True]) == len(rows[False]), "the same steps, on fewer rows"
 
 
+def test_a_shrinking_batch_needs_the_per_sentence_inputs():
+  step = lambda tokens, cache, t: (jnp.zeros((tokens.shape[0], 8)), cache)
+  for search_fn in (lambda **kw: search.greedy_search(step, {}, 4, 6, **kw),
+                    lambda **kw: search.beam_search(step, {}, 4, 2, 0.6, 6, **kw)):
+    with pytest.raises(ValueError, match="needs the step's per-sentence inputs as `sentences`"):
+      search_fn(shrink_batch=True)
+
+
 def test_shrinking_sizes_halve_the_batch_three_times_at_most():
   assert search.shrinking_sizes(64) == (64, 32, 16, 8)
   assert search.shrinking_sizes(13) == (13, 7, 4, 2)

@@ -175,9 +175,9 @@ def define_decode_flags() -> None:
   flags.DEFINE_bool("growing_cache", None, "Grow the self-attention cache 16, 32, ... "
                     "positions as decoding goes (same outputs); unset: on for beam search, "
                     "off for greedy search and sampling.")
-  flags.DEFINE_bool("shrink_batch", None, "Go on with the undecided sentences only, in a "
-                    "batch of half the size (a quarter, an eighth), once half have stopped "
-                    "(same outputs, more compiles); unset: on for beam search, off for greedy.")
+  flags.DEFINE_bool("shrink_batch", False, "Go on in a batch of half the size (a quarter, an "
+                    "eighth) once the undecided sentences fit in it: same outputs, 1.2x faster "
+                    "beam search once compiled, twice the compiles (pays on large test sets).")
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; unset: "
                        "1,024 on a CPU, 4,096 on an accelerator.")
   flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")

@@ -22,12 +22,12 @@ leaves have leading dimension batch; the search then calls
 
   tokens_to_logits(tokens, cache, step, sentences)
 
-A shrinking batch (`shrink_batch=True`, greedy and beam search): once no more
-than half of the sentences are still decoding, the loop goes on with those
-only, in a batch of half the size (then a quarter, an eighth), as CTranslate2
-drops finished sentences. The results are the same; the step must take every
-per-sentence input through `sentences` or the cache, which shrink with the
-batch.
+A shrinking batch (`shrink_batch=True`, greedy and beam search): once the
+sentences still decoding fit in half the batch (rounded up), the loop goes on
+in a batch of that size, holding them and done ones to fill it (then a quarter,
+an eighth), as CTranslate2 drops finished sentences. The results are the same;
+the step must take every per-sentence input through `sentences` or the cache,
+which shrink with the batch, so `sentences` is required.
 
 A growing cache: with `cache_lengths` (increasing, the last one
 `max_decode_len`) and `grow_cache(cache, length) -> cache`, the search runs
@@ -47,8 +47,8 @@ from transformer_jax.errors import UserError
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 PyTree = Any
-TokensToLogits = Callable[[jax.Array, PyTree, jax.Array],
-                          tuple[jax.Array, PyTree]]
+# (tokens, cache, step) -> (logits, cache); with `sentences`, a fourth argument.
+TokensToLogits = Callable[..., tuple[jax.Array, PyTree]]
 GrowCache = Callable[[PyTree, int], PyTree]
 
 
@@ -139,8 +139,13 @@ def _run_search(cond_fn, body_fn, state, finalize: Callable[[Any], PyTree],
   return outputs
 
 
-def _with_sentences(tokens_to_logits: Callable, sentences: PyTree) -> Callable:
+def _with_sentences(tokens_to_logits: Callable, sentences: PyTree,
+                    shrink_batch: bool = False) -> Callable:
   """The step as `(tokens, cache, step, sentences)`, whether or not it takes `sentences`."""
+  if shrink_batch and sentences is None:
+    raise ValueError("shrink_batch=True needs the step's per-sentence inputs as `sentences`: "
+                     "a step closing over them would read other sentences' once the batch "
+                     "shrinks")
   if sentences is None:
     return lambda tokens, cache, step, _: tokens_to_logits(tokens, cache, step)
   return tokens_to_logits
@@ -360,7 +365,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     raise UserError(f"stop_rule={stop_rule!r} is not one of {', '.join(STOP_RULES)}")
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
   rows = batch_size * beam_size
-  step_fn = _with_sentences(tokens_to_logits, sentences)
+  step_fn = _with_sentences(tokens_to_logits, sentences, shrink_batch)
 
   def expand(x):
     if jnp.ndim(x) == 0 or x.shape[0] == rows:
@@ -512,7 +517,7 @@ def _decode_one_per_step(
     batch_sizes: Sequence[int] = ()) -> jax.Array:
   """Decodes with `choose(logits[batch, vocab], rng) -> int32[batch]`."""
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  step_fn = _with_sentences(tokens_to_logits, sentences)
+  step_fn = _with_sentences(tokens_to_logits, sentences, len(batch_sizes) > 1)
 
   def cond_fn(s: _StepState) -> jax.Array:
     return (s.step < max_decode_len) & ~jnp.all(s.done)

@@ -74,24 +74,20 @@ class DecodeOptions:
   # Matmul operands while decoding: "" as the run was configured, else "float32",
   # "bfloat16" or "auto" (bfloat16 where this host runs it natively; ModelConfig.matmul_dtype).
   matmul_dtype: str = ""
-  # Greedy and beam search go on with the undecided sentences only, in a batch of half the
-  # size (then a quarter, an eighth), once half or more have stopped, as CTranslate2 drops
-  # finished sentences: same outputs, fewer rows a step, three more compiled loops
-  # (search.shrinking_sizes). None: on for beam search, off for greedy search, which gains
-  # little for its compiles (measured on Multi30k test2016: benchmarks/README.md). Sampling
-  # keeps its batch (a sentence's draws depend on its row).
-  shrink_batch: bool | None = None
+  # Greedy and beam search go on in a batch of half the size (then a quarter, an eighth)
+  # once the undecided sentences fit in it, as CTranslate2 drops finished sentences: same
+  # outputs, fewer rows a step, three more compiled loops (search.shrinking_sizes). Beam
+  # search gains 1.20-1.26x once compiled, but its first call compiles twice as long, which
+  # a test set of Multi30k's size does not repay (benchmarks/README.md): off by default, for
+  # large jobs and a warm compilation cache. Sampling keeps its batch (a sentence's draws
+  # depend on its row).
+  shrink_batch: bool = False
 
   @classmethod
   def from_config(cls, config: Any) -> "DecodeOptions":
     """The §6.1 search of an experiment config (beam_size, length_penalty, max_decode_extra_len)."""
     return cls(beam_size=config.beam_size, alpha=config.length_penalty,
                max_extra_len=config.max_decode_extra_len)
-
-  @property
-  def shrinks_batch(self) -> bool:
-    """Whether the search shrinks its batch as sentences stop (`shrink_batch` resolved)."""
-    return self.method == "beam" if self.shrink_batch is None else self.shrink_batch
 
   @property
   def grows_cache(self) -> bool:
@@ -189,11 +185,11 @@ def decode_batch(
     sequences, _ = search.beam_search(
         step, cache, batch_size, options.beam_size, options.alpha,
         finish_rule=options.finish_rule, stop_rule=options.stop_rule,
-        shrink_batch=options.shrinks_batch, **common
+        shrink_batch=options.shrink_batch, **common
     )
     return sequences[:, 0]
   if options.method == "greedy":
-    return search.greedy_search(step, cache, batch_size, shrink_batch=options.shrinks_batch,
+    return search.greedy_search(step, cache, batch_size, shrink_batch=options.shrink_batch,
                                 **common)
   return search.sample(
       step, cache, rng if rng is not None else jax.random.key(0), batch_size,
