@@ -91,12 +91,16 @@ def shrinking_sizes(batch_size: int, halvings: int = 3) -> tuple[int, ...]:
   return tuple(sizes)
 
 
-def _take_sentences(tree: PyTree, keep: jax.Array, rows_per_sentence: int) -> PyTree:
-  """The rows of sentences `keep` (int32[n]) of leaves [batch * rows_per_sentence, ...];
-  rank-0 leaves as they are."""
-  rows = (keep[:, None] * rows_per_sentence + jnp.arange(rows_per_sentence)).reshape(-1)
+def _take_rows(tree: PyTree, rows: jax.Array) -> PyTree:
+  """Rows `rows` (int32[n]) of every leaf; rank-0 leaves as they are."""
   return jax.tree_util.tree_map(
       lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows, axis=0), tree)
+
+
+def _take_sentences(tree: PyTree, keep: jax.Array, rows_per_sentence: int) -> PyTree:
+  """The rows of sentences `keep` (int32[n]) of leaves [batch * rows_per_sentence, ...]."""
+  return _take_rows(tree, (keep[:, None] * rows_per_sentence
+                           + jnp.arange(rows_per_sentence)).reshape(-1))
 
 
 def _run_search(cond_fn, body_fn, state, finalize: Callable[[Any], PyTree],
@@ -428,11 +432,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
         jnp.where(ends, neg_inf, top_logprobs), beam_size)
     alive_seqs = jnp.take_along_axis(top_seqs, alive_index[:, :, None], 1)
     parent = jnp.take_along_axis(top_parent, alive_index, 1)  # [batch, beam]
-    rows_index = (jnp.arange(batch)[:, None] * beam_size
-                  + parent).reshape(batch * beam_size)
-    cache = jax.tree_util.tree_map(
-        lambda x: x if jnp.ndim(x) == 0 else jnp.take(x, rows_index, axis=0),
-        cache)
+    cache = _take_rows(cache, (jnp.arange(batch)[:, None] * beam_size
+                               + parent).reshape(batch * beam_size))
 
     # Finished: merge the old set with this step's EOS candidates. Old ones
     # come first, so ties keep the earlier hypothesis.
