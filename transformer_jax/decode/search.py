@@ -515,10 +515,10 @@ def _decode_one_per_step(
     max_decode_len: int, max_lengths: jax.Array | None, eos_id: int,
     bos_id: int, ignore_eos: bool, cache_lengths: Sequence[int],
     grow_cache: GrowCache | None, sentences: PyTree = None,
-    batch_sizes: Sequence[int] = ()) -> jax.Array:
+    shrink_batch: bool = False) -> jax.Array:
   """Decodes with `choose(logits[batch, vocab], rng) -> int32[batch]`."""
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  step_fn = _with_sentences(tokens_to_logits, sentences, len(batch_sizes) > 1)
+  step_fn = _with_sentences(tokens_to_logits, sentences, shrink_batch)
 
   def cond_fn(s: _StepState) -> jax.Array:
     return (s.step < max_decode_len) & ~jnp.all(s.done)
@@ -540,8 +540,9 @@ def _decode_one_per_step(
                      max_lengths,
                      sentences,
                      cache)
-  return _run_search(cond_fn, body_fn, state, lambda s: s.seqs, batch_sizes or (batch_size,),
-                     1, max_decode_len, cache_lengths, grow_cache)
+  batch_sizes = shrinking_sizes(batch_size) if shrink_batch else (batch_size,)
+  return _run_search(cond_fn, body_fn, state, lambda s: s.seqs, batch_sizes, 1, max_decode_len,
+                     cache_lengths, grow_cache)
 
 
 def greedy_search(tokens_to_logits: TokensToLogits,
@@ -569,7 +570,7 @@ def greedy_search(tokens_to_logits: TokensToLogits,
   return _decode_one_per_step(tokens_to_logits, cache, jax.random.key(0),
                               choose, batch_size, max_decode_len, max_lengths,
                               eos_id, bos_id, ignore_eos, cache_lengths, grow_cache,
-                              sentences, shrinking_sizes(batch_size) if shrink_batch else ())
+                              sentences, shrink_batch)
 
 
 def sample(tokens_to_logits: TokensToLogits,
