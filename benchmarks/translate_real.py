@@ -89,8 +89,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
             for text in sources]  # CTranslate2 appends </s> itself.
   piece_ids = {run.tokenizer.id_to_piece(i): i for i in range(run.tokenizer.vocab_size)}
 
-  def ours() -> list[str]:
-    return translate_lines(run, sources, options, FLAGS.tokens_per_batch)
+  def ours(decode_options: DecodeOptions = options) -> list[str]:
+    return translate_lines(run, sources, decode_options, FLAGS.tokens_per_batch)
 
   def theirs(engine) -> list[str]:
     results = engine.translate_batch(
@@ -102,8 +102,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   calls = {"jax": ours}
   if FLAGS.pair_shrink:
     other = dataclasses.replace(options, shrink_batch=not options.shrink_batch)
-    calls["jax_shrinking" if other.shrink_batch else "jax_whole_batch"] = (
-        lambda: translate_lines(run, sources, other, FLAGS.tokens_per_batch))
+    calls["jax_shrinking" if other.shrink_batch else "jax_whole_batch"] = lambda: ours(other)
   calls.update({f"ct2_{t}": (lambda e=e: theirs(e)) for t, e in engines.items()})
   outputs, first_call_s = {}, {}
   for name, call in calls.items():  # Warm-up: compiles, caches.
