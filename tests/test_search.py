@@ -558,6 +558,28 @@ def test_top_k_by_blocks_equals_lax_top_k_including_ties(levels, n):
     np.testing.assert_array_equal(got_index, want_index)
 
 
+@pytest.mark.parametrize("levels", [3, 1000])
+@pytest.mark.parametrize("vocab", [640, 625, 6 * 1009])  # Blocks of 128; of 125; none.
+def test_top_continuations_equal_lax_top_k_of_the_log_probabilities(levels, vocab):
+  """Beam search's candidates: ties within and across beams, empty beams (-inf)."""
+  rng = np.random.default_rng(levels)
+  beam = 4
+  logits = rng.integers(0, levels, size=(5, beam, vocab)).astype(np.float32)
+  logprobs = -rng.integers(0, 3, size=(5, beam)).astype(np.float32)
+  logprobs[0, 1:] = -np.inf  # Only beam 0 alive (the first step).
+  logprobs[1, :] = -np.inf  # No finite candidate.
+  logits[2, :, 100:] = -np.inf
+  logprobs[3] = rng.standard_normal(beam).astype(np.float32)  # Sums that round.
+  logits[4] = rng.standard_normal((beam, vocab)).astype(np.float32) * levels
+  sums = (logits + (logprobs - jax.nn.logsumexp(logits, axis=-1))[:, :, None]).reshape(5, -1)
+  for k in (1, 2 * beam):
+    want_values, want_index = jax.lax.top_k(sums, k)
+    got_values, got_index = jax.jit(search.top_continuations, static_argnums=2)(
+        logits, logprobs, k)
+    np.testing.assert_array_equal(got_values, want_values)
+    np.testing.assert_array_equal(got_index, want_index)
+
+
 def test_first_argmax_equals_argmax_including_ties():
   rng = np.random.default_rng(0)
   values = rng.integers(0, 4, size=(16, 3000)).astype(np.float32)
@@ -593,7 +615,8 @@ def test_beam_search_with_blocked_top_k_equals_plain_top_k(monkeypatch):
                               beam_size=4, alpha=0.6, max_decode_len=max_len)
 
   blocked = run()
-  monkeypatch.setattr(search, "top_k_by_blocks", jax.lax.top_k)
+  monkeypatch.setattr(search, "top_continuations", lambda logits, logprobs, k: jax.lax.top_k(
+      (logprobs[:, :, None] + jax.nn.log_softmax(logits)).reshape(logits.shape[0], -1), k))
   plain = run()
   np.testing.assert_array_equal(blocked[0], plain[0])
   np.testing.assert_allclose(blocked[1], plain[1], rtol=1e-6)

@@ -234,6 +234,42 @@ def top_k_by_blocks(values: jax.Array, k: int, block: int = 128) -> tuple[jax.Ar
   return top_values, top_index
 
 
+def top_continuations(logits: jax.Array, logprobs: jax.Array, k: int,
+                      block: int = 128) -> tuple[jax.Array, jax.Array]:
+  """The k best continuations of a sentence's beams: `jax.lax.top_k` over the
+  beam * vocab entries of `logprobs[..., None] + log_softmax(logits)`.
+
+  logits: float[rows, beam, vocab], logprobs: float[rows, beam] -> (float[rows, k],
+  int32[rows, k] indices into beam * vocab), ties to the lowest index. One read of the
+  logits gives the maxima of their blocks (`block_size(vocab, block)`): the log-softmax's
+  max is theirs, and a block's best sum is its maximum plus its beam's offset
+  (`logprobs - logsumexp`; rounding is monotone), so only the k best blocks get the
+  offset added, the top-k of `top_k_by_blocks` without the sums written out. Without a
+  block (none divides vocab, or too few blocks), the sums and `top_k_by_blocks`.
+  """
+  rows, beam, vocab = logits.shape
+  size = block_size(vocab, block)
+  if not size or beam * (vocab // size) <= 2 * k:
+    offsets = logprobs - jax.nn.logsumexp(logits, axis=-1)
+    return top_k_by_blocks((logits + offsets[:, :, None]).reshape(rows, beam * vocab), k, block)
+  block, blocks_per_beam = size, vocab // size
+  blocks = logits.reshape(rows, beam, blocks_per_beam, block)
+  block_maxima = jnp.max(blocks, axis=-1)  # [rows, beam, blocks_per_beam]
+  # jax.nn.logsumexp, its max taken from the blocks'.
+  shift = jnp.max(block_maxima, axis=-1)
+  shift = jax.lax.stop_gradient(jnp.where(jnp.isfinite(shift), shift, 0.0))
+  logsumexp = jnp.log(jnp.sum(jnp.exp(logits - shift[:, :, None]), axis=-1)) + shift
+  offsets = jnp.repeat(logprobs - logsumexp, blocks_per_beam, axis=1)  # Per block.
+  blocks = blocks.reshape(rows, beam * blocks_per_beam, block)
+  _, best_blocks = jax.lax.top_k(block_maxima.reshape(rows, -1) + offsets, k)
+  best_blocks = jnp.sort(best_blocks, axis=-1)
+  candidates = (jnp.take_along_axis(blocks, best_blocks[:, :, None], axis=1)
+                + jnp.take_along_axis(offsets, best_blocks, axis=1)[:, :, None])
+  top_values, position = jax.lax.top_k(candidates.reshape(rows, k * block), k)
+  top_index = jnp.take_along_axis(best_blocks, position // block, axis=1) * block + position % block
+  return top_values, top_index
+
+
 def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
   """Repeats each leaf row `beam_size` times: [b, ...] -> [b*beam, ...].
 
@@ -406,14 +442,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
     logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences)
     vocab = logits.shape[-1]
     logits = logits.astype(jnp.float32).reshape(batch, beam_size, vocab)
-    # alive + log_softmax(z) as z + (alive - logsumexp(z)): one pass over the
-    # [rows, vocab] logits after the reduction, not three.
-    offsets = s.alive_logprobs - jax.nn.logsumexp(logits, axis=-1)
-    candidates = (logits + offsets[:, :, None]).reshape(batch, beam_size * vocab)
-
     # 2*beam candidates leave at least `beam` that do not end in EOS.
     num_candidates = min(2 * beam_size, beam_size * vocab)
-    top_logprobs, top_index = top_k_by_blocks(candidates, num_candidates)
+    top_logprobs, top_index = top_continuations(logits, s.alive_logprobs, num_candidates)
     top_parent = top_index // vocab  # [batch, 2*beam]
     top_token = top_index % vocab
     top_seqs = jnp.take_along_axis(s.alive_seqs, top_parent[:, :, None], 1)
