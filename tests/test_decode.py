@@ -96,19 +96,19 @@ def test_stored_as_changes_only_the_self_attention_entries():
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_growing_cache_decodes_what_the_full_length_cache_decodes(model_and_params, method,
                                                                   ignore_eos):
-  """40 steps run as loops over caches of 16, 32 and 40 positions: the same tokens."""
+  """50 steps run as loops over caches of 16, 32 and 50 positions: the same tokens."""
   model, params = model_and_params
   outputs = {}
   for growing in (False, True):
-    options = translator.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=34,
+    options = translator.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=44,
                                    ignore_eos=ignore_eos, growing_cache=growing)
     outputs[growing] = np.asarray(jax.jit(
-        lambda p: translator.decode_batch(model, p, SRC, options, 40, jax.random.key(3)))(params))
+        lambda p: translator.decode_batch(model, p, SRC, options, 50, jax.random.key(3)))(params))
   np.testing.assert_array_equal(outputs[True], outputs[False])
   # Last non-PAD position + 1 (sampling may also draw PAD before it).
-  lengths = 40 - np.argmax(outputs[True][:, ::-1] != 0, axis=-1)
+  lengths = 50 - np.argmax(outputs[True][:, ::-1] != 0, axis=-1)
   if ignore_eos:  # Every row ran past the first two cache lengths.
-    assert (lengths == (SRC != 0).sum(-1) + 34).all() and lengths.min() > 32
+    assert (lengths == (SRC != 0).sum(-1) + 44).all() and lengths.min() > 32
 
 
 @pytest.mark.parametrize("family", ["encoder_decoder", "prefix_lm"])
@@ -129,10 +129,10 @@ def test_a_shrinking_batch_decodes_what_the_full_batch_decodes(tiny_model_config
       (src, src) if family == "encoder_decoder" else (src,)))["params"]
   outputs = {}
   for shrink in (False, True):
-    options = translator.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=30,
+    options = translator.DecodeOptions(method=method, beam_size=3, alpha=0.6, max_extra_len=40,
                                        min_length=0, shrink_batch=shrink, growing_cache=True)
     outputs[shrink] = np.asarray(jax.jit(
-        lambda p: translator.decode_batch(model, p, jnp.asarray(src), options, 40))(params))
+        lambda p: translator.decode_batch(model, p, jnp.asarray(src), options, 50))(params))
   np.testing.assert_array_equal(outputs[True], outputs[False])
   lengths = (outputs[False] != 0).sum(-1)
   assert len(set(lengths.tolist())) >= 4, lengths  # The sentences did stop at different steps,
@@ -163,7 +163,7 @@ def test_growing_cache_keeps_beam_scores(model_and_params):
   @functools.partial(jax.jit, static_argnums=1)
   def beams(params, grow):
     encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    lengths = search.doubling_lengths(40) if grow else ()
+    lengths = (16, 32, 40) if grow else ()
     cache = kv_cache.init_cache(model, params, encoded, SRC, lengths[0] if grow else 40)
     per_row, per_sentence = kv_cache.split_cache(cache)
     step = kv_cache.step_logits(model, params, SRC, per_sentence)
@@ -179,7 +179,10 @@ def test_growing_cache_keeps_beam_scores(model_and_params):
 def test_growing_cache_lengths_double_up_to_the_maximum():
   from transformer_jax.decode import search
 
-  assert search.doubling_lengths(40) == (16, 32, 40)
+  assert search.doubling_lengths(40) == (16, 40)  # 32 is within 1.5x of 40: one loop less.
+  assert search.doubling_lengths(66) == (16, 32, 66)
+  assert search.doubling_lengths(100) == (16, 32, 64, 100)
+  assert search.doubling_lengths(24) == (16, 24)  # The first length always stays.
   assert search.doubling_lengths(16) == (16,)
   assert search.doubling_lengths(10) == (10,)
   assert search.doubling_lengths(100, first=8) == (8, 16, 32, 64, 100)

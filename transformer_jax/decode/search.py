@@ -53,12 +53,20 @@ GrowCache = Callable[[PyTree, int], PyTree]
 
 
 def doubling_lengths(max_decode_len: int, first: int = 16) -> tuple[int, ...]:
-  """Cache lengths first, 2·first, 4·first, ... up to max_decode_len (the last one)."""
+  """Cache lengths first, 2·first, 4·first, ... up to max_decode_len (the last one).
+
+  A doubled length within 1.5× of max_decode_len is left out: (16, 32, 66), not
+  (16, 32, 64, 66). Its loop would cost a compile (each length is one) for a few steps
+  that few sentences reach: without it, the first beam decode of Multi30k's test2016
+  (its compiles) takes 8 % less.
+  """
   lengths = []
   length = first
   while length < max_decode_len:
     lengths.append(length)
     length *= 2
+  if len(lengths) > 1 and 2 * max_decode_len <= 3 * lengths[-1]:
+    lengths.pop()
   return tuple(lengths) + (max_decode_len,)
 
 
