@@ -571,6 +571,10 @@ def test_top_continuations_equal_lax_top_k_of_the_log_probabilities(levels, voca
   logits[2, :, 100:] = -np.inf
   logprobs[3] = rng.standard_normal(beam).astype(np.float32)  # Sums that round.
   logits[4] = rng.standard_normal((beam, vocab)).astype(np.float32) * levels
+  if vocab == 640:  # The best blocks, chosen out of index order, must be read in it.
+    logits[4] = 0.0
+    logits[4, :, 600] = 1.0
+    logprobs[4] = 0.0
   sums = (logits + (logprobs - jax.nn.logsumexp(logits, axis=-1))[:, :, None]).reshape(5, -1)
   for k in (1, 2 * beam):
     want_values, want_index = jax.lax.top_k(sums, k)
@@ -616,7 +620,8 @@ def test_beam_search_with_blocked_top_k_equals_plain_top_k(monkeypatch):
 
   blocked = run()
   monkeypatch.setattr(search, "top_continuations", lambda logits, logprobs, k: jax.lax.top_k(
-      (logprobs[:, :, None] + jax.nn.log_softmax(logits)).reshape(logits.shape[0], -1), k))
+      (logits + (logprobs - jax.nn.logsumexp(logits, axis=-1))[:, :, None]).reshape(
+          logits.shape[0], -1), k))
   plain = run()
   np.testing.assert_array_equal(blocked[0], plain[0])
   np.testing.assert_allclose(blocked[1], plain[1], rtol=1e-6)

@@ -179,8 +179,9 @@ def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
 
 
 def block_size(n: int, block: int = 128) -> int:
-  """The block of `first_argmax` and `top_k_by_blocks` for rows of n entries: `block` if it
-  divides n, else the divisor of n nearest to it within [block / 2, 2 * block] (0: none).
+  """The block of `first_argmax`, `top_k_by_blocks` and `top_continuations` for rows of n
+  entries: `block` if it divides n, else the divisor of n nearest to it within
+  [block / 2, 2 * block] (0: none).
 
   Vocabularies are rarely multiples of 128: 8,000 (×5 beams: 40,000) splits into blocks of 125.
   """
