@@ -322,7 +322,7 @@ def test_translate_texts_batches_1024_source_tokens_on_a_cpu_by_default():
   assert translator.default_tokens_per_batch() == translator.CPU_TOKENS_PER_BATCH == 1024
   sentences = ["word " * 15] * 200  # 16 tokens each, EOS included.
   translator.translate_texts(record, WordTokenizer(), sentences, max_source_len=64)
-  assert batch_shapes == [(64, 16)] * 3 + [(8, 16)]
+  assert batch_shapes == [(50, 16)] * 4  # 200 in 4 batches of at most 64: one shape.
   batch_shapes.clear()
   translator.translate_texts(record, WordTokenizer(), sentences, max_source_len=64,
                              tokens_per_batch=4096)

@@ -279,7 +279,8 @@ def translate_texts(
   """Translates `sentences`, one output per input, in order.
 
   Sentences are sorted by length and batched by a token budget for speed
-  (`tokens_per_batch`; None: `default_tokens_per_batch()`);
+  (`tokens_per_batch`; None: `default_tokens_per_batch()`), one batch shape per
+  padded source length (`_length_batches`);
   empty lines give empty outputs; sources longer than `max_source_len` tokens
   are truncated (and reported through `on_truncate(index, length)`).
   """
@@ -298,9 +299,9 @@ def translate_texts(
   order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
   done = 0
   tokens_per_batch = tokens_per_batch or default_tokens_per_batch()
-  for batch_indices in _length_batches(order, encoded, tokens_per_batch):
-    src_len = _bucket(max(len(encoded[i]) for i in batch_indices))
-    src = np.full((len(batch_indices), src_len), PAD_ID, np.int32)
+  for batch_indices, rows, src_len in _length_batches(order, encoded, tokens_per_batch):
+    src = np.full((rows, src_len), PAD_ID, np.int32)
+    src[len(batch_indices):, 0] = EOS_ID  # Filler rows: empty sentences.
     for row, i in enumerate(batch_indices):
       src[row, : len(encoded[i])] = encoded[i]
     for i, tokens in zip(batch_indices, translator(src)):
@@ -335,16 +336,28 @@ def _bucket(length: int) -> int:
   return max(8, int(math.ceil(length / 8)) * 8)
 
 
-def _length_batches(order: list[int], encoded, tokens_per_batch: int) -> Iterator[list[int]]:
-  batch: list[int] = []
+def _length_batches(order: list[int], encoded,
+                    tokens_per_batch: int) -> Iterator[tuple[list[int], int, int]]:
+  """(sentence indices, rows, src_len) for each batch of `order` (sorted by length).
+
+  Batches fill up to `tokens_per_batch` source tokens, padded to `_bucket` lengths. Each
+  shape is a compile, so the batches of one length are then evened out: all of the same
+  rows, the last filled up to them with fewer filler rows than there are batches.
+  """
+  greedy: list[list[int]] = []
   for i in order:
     longest = _bucket(len(encoded[i]))
-    if batch and (len(batch) + 1) * longest > tokens_per_batch:
-      yield batch
-      batch = []
-    batch.append(i)
-  if batch:
-    yield batch
+    if not greedy or (len(greedy[-1]) + 1) * longest > tokens_per_batch:
+      greedy.append([])
+    greedy[-1].append(i)
+  by_length: dict[int, list[list[int]]] = {}  # Sorted input: one run of batches a length.
+  for batch in greedy:
+    by_length.setdefault(_bucket(len(encoded[batch[-1]])), []).append(batch)
+  for src_len, batches in by_length.items():
+    indices = [i for batch in batches for i in batch]
+    rows = math.ceil(len(indices) / len(batches))
+    for start in range(0, len(indices), rows):
+      yield indices[start:start + rows], rows, src_len
 
 
 def attention_weights(model: Transformer, params, src_tokens: Array, target_input_tokens: Array) -> dict[str, Any]:
