@@ -236,9 +236,21 @@ def top_k_by_blocks(values: jax.Array, k: int, block: int = 128) -> tuple[jax.Ar
     return jax.lax.top_k(values, k)
   blocks = values.reshape(rows, n // block, block)
   _, best_blocks = jax.lax.top_k(jnp.max(blocks, axis=-1), k)
+  return _top_k_in_blocks(blocks, best_blocks, k)
+
+
+def _top_k_in_blocks(blocks: jax.Array, best_blocks: jax.Array, k: int,
+                     block_offsets: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """The top k of float[rows, num_blocks, block] (plus `block_offsets[rows, num_blocks]`,
+  each added to its block), read only in the k blocks `best_blocks` (int32[rows, k]) that
+  hold it; indices into num_blocks * block. The blocks are read in index order, so ties
+  go to the lowest index."""
+  rows, _, block = blocks.shape
   best_blocks = jnp.sort(best_blocks, axis=-1)
-  candidates = jnp.take_along_axis(blocks, best_blocks[:, :, None], axis=1).reshape(rows, k * block)
-  top_values, position = jax.lax.top_k(candidates, k)
+  candidates = jnp.take_along_axis(blocks, best_blocks[:, :, None], axis=1)
+  if block_offsets is not None:
+    candidates = candidates + jnp.take_along_axis(block_offsets, best_blocks, axis=1)[:, :, None]
+  top_values, position = jax.lax.top_k(candidates.reshape(rows, k * block), k)
   top_index = jnp.take_along_axis(best_blocks, position // block, axis=1) * block + position % block
   return top_values, top_index
 
@@ -271,12 +283,7 @@ def top_continuations(logits: jax.Array, logprobs: jax.Array, k: int,
   offsets = jnp.repeat(logprobs - logsumexp, blocks_per_beam, axis=1)  # Per block.
   blocks = blocks.reshape(rows, beam * blocks_per_beam, block)
   _, best_blocks = jax.lax.top_k(block_maxima.reshape(rows, -1) + offsets, k)
-  best_blocks = jnp.sort(best_blocks, axis=-1)
-  candidates = (jnp.take_along_axis(blocks, best_blocks[:, :, None], axis=1)
-                + jnp.take_along_axis(offsets, best_blocks, axis=1)[:, :, None])
-  top_values, position = jax.lax.top_k(candidates.reshape(rows, k * block), k)
-  top_index = jnp.take_along_axis(best_blocks, position // block, axis=1) * block + position % block
-  return top_values, top_index
+  return _top_k_in_blocks(blocks, best_blocks, k, offsets)
 
 
 def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
