@@ -130,6 +130,56 @@ def test_translate_decodes_a_prefix_lm_run(prefix_lm_run, prepared_dir):
   assert len(completed.stdout.splitlines()) == 2, completed.stdout
 
 
+@pytest.fixture(scope="module")
+def translation_run(prepared_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("translation") / "run"
+  train(prepared_dir, workdir, "translation", 20)
+  return workdir
+
+
+def test_translate_and_evaluate_decode_an_ensemble_of_runs(translation_run, prefix_lm_run,
+                                                           prepared_dir, tmp_path):
+  """`--ensemble`: a run ensembled with itself translates as it does alone; an encoder-decoder
+  and a prefix LM of one vocabulary are scored as one model, the runs named in the scores."""
+  env = dict(os.environ, TRANSFORMER_JAX_CACHE_DIR=str(prepared_dir))
+  sentences = "A small dog.\nTwo cats sleep.\n"
+
+  def command(name: str, *flags: str) -> subprocess.CompletedProcess:
+    completed = subprocess.run([sys.executable, "-m", f"transformer_jax.{name}", *flags],
+                               input=sentences, capture_output=True, text=True, env=env,
+                               cwd=REPO_ROOT, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return completed
+
+  alone = command("translate", f"--workdir={translation_run}", "--method=greedy")
+  doubled = command("translate", f"--workdir={translation_run}", "--method=greedy",
+                    f"--ensemble={translation_run}")
+  assert doubled.stdout == alone.stdout and len(alone.stdout.splitlines()) == 2
+
+  source, reference = tmp_path / "src.txt", tmp_path / "ref.txt"
+  source.write_text(sentences)
+  reference.write_text("Ein kleiner Hund.\nZwei Katzen schlafen.\n")
+  evaluated = command("evaluate", f"--workdir={translation_run}", f"--ensemble={prefix_lm_run}",
+                      f"--source={source}", f"--reference={reference}", "--beam_size=2")
+  scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
+  assert scores["ensemble"] == [str(translation_run), str(prefix_lm_run)]
+  assert scores["decoding"]["ensemble"] == 2
+  assert scores["hypotheses_file"].endswith("src.txt.latest.ensemble-2.txt")
+  assert len(pathlib.Path(scores["hypotheses_file"]).read_text().splitlines()) == 2
+
+
+def test_an_ensemble_refuses_a_run_of_another_task_in_one_line(translation_run, mlm_run,
+                                                               prepared_dir):
+  completed = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.translate", f"--workdir={translation_run}",
+       f"--ensemble={mlm_run}"], input="A dog.\n", capture_output=True, text=True,
+      env=dict(os.environ, TRANSFORMER_JAX_CACHE_DIR=str(prepared_dir)), cwd=REPO_ROOT,
+      timeout=300)
+  assert completed.returncode != 0
+  assert "config.task='masked_lm'; this command needs a translation or prefix_lm run" in (
+      completed.stderr.strip().splitlines()[-1])
+
+
 def test_masking_chooses_15_percent_of_ordinary_tokens_and_splits_them_80_10_10():
   from transformer_jax.special_tokens import BOS_ID, EOS_ID, FIRST_PIECE_ID, PAD_ID
   from transformer_jax.tasks.masked_lm import mask_tokens

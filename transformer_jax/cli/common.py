@@ -28,6 +28,9 @@ from transformer_jax.decode import search
 from transformer_jax.decode.translator import DecodeOptions
 from transformer_jax.errors import UserError
 from transformer_jax.model.config import MATMUL_DTYPES
+from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
+from transformer_jax.tasks.translation import combine_runs
+from transformer_jax.training.run_dir import LoadedRun
 
 FLAGS = flags.FLAGS
 
@@ -150,6 +153,9 @@ def define_decode_flags() -> None:
   """The flags of translate and evaluate: the run, the checkpoint and the search."""
   flags.DEFINE_string("workdir", None, "Run directory of a training run.")
   flags.DEFINE_string("checkpoint", "latest", "latest, averaged, or a step number.")
+  flags.DEFINE_list("ensemble", [], "Other run directories decoded together with --workdir "
+                    "(the same --checkpoint of each): every step averages the runs' next-token "
+                    "probabilities. They must share --workdir's tokenizer.")
   flags.DEFINE_enum("method", "beam", ["beam", "greedy", "sample"], "Search method.")
   flags.DEFINE_integer("beam_size", 4, "Beam size (§6.1: 4).")
   flags.DEFINE_float("alpha", 0.6, "Length penalty exponent α (§6.1: 0.6).")
@@ -192,6 +198,14 @@ def decode_options() -> DecodeOptions:
       finish_rule=FLAGS.beam_finish, stop_rule=FLAGS.beam_stop, quantize=FLAGS.quantize,
       matmul_dtype=FLAGS.matmul_dtype, shrink_batch=FLAGS.shrink_batch,
   )
+
+
+def load_translation_run(workdir: str) -> LoadedRun:
+  """--checkpoint of the translation (or prefix LM) run in `workdir`, as one Ensemble with
+  the runs of --ensemble when it names any (decode.ensemble)."""
+  workdirs = [workdir] + list(FLAGS.ensemble)
+  runs = [load_run(path, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS) for path in workdirs]
+  return runs[0] if len(runs) == 1 else combine_runs(runs, workdirs)
 
 
 def require_workdir() -> str:

@@ -3,11 +3,14 @@
   python -m transformer_jax.evaluate --workdir=DIR --source=FILE --reference=FILE \
       [--tok_reference=FILE] [--reference_kind=auto|raw|tokenized] \
       [--checkpoint=latest|averaged|STEP] [--beam_size=4] [--alpha=0.6] \
-      [--beam_stop=exact|best_finished] [--quantize=int8] [--matmul_dtype=float32|bfloat16|auto]
+      [--beam_stop=exact|best_finished] [--quantize=int8] [--matmul_dtype=float32|bfloat16|auto] \
+      [--ensemble=OTHER_DIR,...]
 
 Prints one JSON object (sacrebleu, paper_bleu, tok_bleu, chrf, sentences,
 decode_seconds, sentences_per_second) and writes the hypotheses beside the
-checkpoint folder as <workdir>/hypotheses/<source name>.<checkpoint>.txt.
+checkpoint folder as <workdir>/hypotheses/<source name>.<checkpoint>.txt
+(with --ensemble, <source name>.<checkpoint>.ensemble-<N runs>.txt, the runs listed
+under "ensemble" in the JSON).
 tok_bleu is scored against --tok_reference (the official tokenized, lowercased
 references, e.g. Multi30k tok/test2016.de) where given, else against
 --reference lowercased and Moses-tokenized. With --reference_kind=tokenized
@@ -26,7 +29,6 @@ from transformer_jax.cli import common
 from transformer_jax.data.pipeline import references_kind
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.metrics import bleu
-from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
 from transformer_jax.tasks.translation import evaluate_texts
 
 FLAGS = common.FLAGS
@@ -55,7 +57,7 @@ def main(argv: list[str]) -> None:
       raise UserError(f"--source has {len(sources)} lines but --tok_reference has "
                       f"{len(tok_references)}")
   options = common.decode_options()
-  run = load_run(workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
+  run = common.load_translation_run(workdir)
   reference_kind = FLAGS.reference_kind
   if reference_kind == "auto":  # As the run was trained: Multi30k tok/ is tokenized.
     reference_kind = references_kind(run.config.data)
@@ -63,7 +65,11 @@ def main(argv: list[str]) -> None:
                                       tok_references, reference_kind)
   out_dir = os.path.join(os.path.abspath(workdir), "hypotheses")
   os.makedirs(out_dir, exist_ok=True)
-  out_path = os.path.join(out_dir, f"{os.path.basename(FLAGS.source)}.{FLAGS.checkpoint}.txt")
+  name = f"{os.path.basename(FLAGS.source)}.{FLAGS.checkpoint}"
+  if FLAGS.ensemble:
+    name += f".ensemble-{1 + len(FLAGS.ensemble)}"
+    scores.update(ensemble=[os.path.abspath(path) for path in [workdir, *FLAGS.ensemble]])
+  out_path = os.path.join(out_dir, name + ".txt")
   with open(out_path, "w") as f:
     f.writelines(h + "\n" for h in hypotheses)
   scores.update(hypotheses_file=out_path, checkpoint_step=run.step)

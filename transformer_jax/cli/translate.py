@@ -2,7 +2,7 @@
 
   python -m transformer_jax.translate --workdir=DIR [--checkpoint=latest|averaged|STEP] \
       [--beam_size=4] [--alpha=0.6] [--beam_stop=exact|best_finished] [--quantize=int8] \
-      [--matmul_dtype=float32|bfloat16|auto] \
+      [--matmul_dtype=float32|bfloat16|auto] [--ensemble=OTHER_DIR,...] \
       < source.txt > hypotheses.txt
 
 Sentences are sorted by length internally; empty lines give empty lines; a
@@ -19,7 +19,6 @@ from absl import app
 from transformer_jax.cli import common
 from transformer_jax.decode.translator import translate_lines
 from transformer_jax.errors import UserError, exit_on_user_error
-from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run
 
 FLAGS = common.FLAGS
 
@@ -31,7 +30,7 @@ def main(argv: list[str]) -> None:
   workdir = common.require_workdir()
   options = common.decode_options()
   lines = common.read_lines(sys.stdin.buffer, FLAGS.replace_invalid_utf8)
-  run = load_run(workdir, FLAGS.checkpoint, expected_task=TRANSLATION_TASKS)
+  run = common.load_translation_run(workdir)
   for line in translate_lines(run, lines, options, FLAGS.tokens_per_batch):
     sys.stdout.write(line.replace("\n", " ") + "\n")
   sys.stdout.flush()

@@ -1,6 +1,7 @@
 """Translating with a trained model: the KV cache wired to beam / greedy search / sampling.
 
-Serves the encoder-decoder and the decoder-only prefix LM alike.
+Serves the encoder-decoder and the decoder-only prefix LM alike, and ensembles of them
+(`decode.ensemble`; `tasks.translation.combine_runs` makes one of runs).
 
 `Translator` jits and shards `decode_batch` per output length; `translate_texts`
 turns sentences into length-sorted token batches and back (§6.1 recipe by
@@ -13,7 +14,7 @@ import dataclasses
 import functools
 import math
 import sys
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from transformer_jax import sharding
 from transformer_jax.decode import prefix_lm, search
+from transformer_jax.decode.ensemble import Ensemble, average_step, members_of
 from transformer_jax.decode.cache import (grow_cache, init_cache, sentence_step_logits, split_cache,
                                           stored_as)
 from transformer_jax.errors import UserError
@@ -127,9 +129,12 @@ class DecodeOptions:
       raise UserError(f"--top_k={self.top_k} must be >= 0 (0: sample from every token)")
 
 
-def for_decoding(model: Transformer | DecoderOnly, options: DecodeOptions
-                 ) -> Transformer | DecoderOnly:
-  """`model` with the matmuls `options` asks for (quantize, matmul_dtype); same params."""
+def for_decoding(model: Transformer | DecoderOnly | Ensemble, options: DecodeOptions
+                 ) -> Transformer | DecoderOnly | Ensemble:
+  """`model` (each member of an ensemble) with the matmuls `options` asks for (quantize,
+  matmul_dtype); same params."""
+  if isinstance(model, Ensemble):
+    return Ensemble(tuple(for_decoding(member, options) for member in model.members))
   changes = dict(quantize=options.quantize)
   if options.matmul_dtype:
     changes.update(matmul_dtype=options.matmul_dtype)
@@ -142,26 +147,20 @@ def for_decoding(model: Transformer | DecoderOnly, options: DecodeOptions
     raise UserError(f"{asked}: not for this run, as {e}") from None
 
 
-def decode_batch(
-    model: Transformer | DecoderOnly, params, src_tokens: Array, options: DecodeOptions,
-    max_decode_len: int, rng: Array | None = None,
-) -> Array:
-  """Best output tokens int32[batch, max_decode_len] (EOS, then PAD) for each source row.
+class _Search(NamedTuple):
+  """What the search needs of one model: its step, cache, per-sentence inputs and growth."""
+  step: search.TokensToLogits
+  cache: Any
+  sentences: Any
+  grow: search.GrowCache
 
-  `model` is the encoder-decoder, or a prefix LM (a decoder-only model whose
-  prompt is the source).
 
-  Args:
-    src_tokens: int32[batch, src_len], EOS-terminated, PAD-padded.
-    max_decode_len: static output length; each row also stops at its own
-      input length + options.max_extra_len.
-  """
-  model = for_decoding(model, options)
-  cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
-  first_length = cache_lengths[0] if cache_lengths else max_decode_len
+def _prepare(model: Transformer | DecoderOnly, params, src_tokens: Array, cache_len: int,
+             method: str) -> _Search:
+  """The search over `model` for `src_tokens`, its cache `cache_len` positions long."""
   if isinstance(model, DecoderOnly):  # A prefix LM: the source is the prompt, attended both ways.
     src_len = src_tokens.shape[1]
-    _, cache = prefix_lm.prefill(model, params, src_tokens, src_len + first_length, prefix_lm=True)
+    _, cache = prefix_lm.prefill(model, params, src_tokens, src_len + cache_len, prefix_lm=True)
     step, sentences = prefix_lm.sentence_step_logits(model, params), src_tokens
     grow = prefix_lm.growing(src_len)
   else:
@@ -169,9 +168,46 @@ def decode_batch(
     # The beams of a sentence share its cross-attention keys/values: only
     # the self-attention caches are repeated per beam and reordered.
     cache, sentence_cache = split_cache(
-        init_cache(model, params, encoded, src_tokens, first_length))
+        init_cache(model, params, encoded, src_tokens, cache_len))
     step, sentences = sentence_step_logits(model, params), (src_tokens, sentence_cache)
     grow = grow_cache
+  if method == "beam":
+    cache = stored_as(cache, model.config.matmul_operand_dtype)  # Reordered: halved.
+  return _Search(step, cache, sentences, grow)
+
+
+def _prepare_ensemble(searches: Sequence[_Search]) -> _Search:
+  """One search over several models' (ensemble.average_step), each with its own cache."""
+  if len(searches) == 1:
+    return searches[0]
+  grows = tuple(member.grow for member in searches)
+  return _Search(
+      average_step([member.step for member in searches]),
+      tuple(member.cache for member in searches),
+      tuple(member.sentences for member in searches),
+      lambda caches, length: tuple(grow(cache, length) for grow, cache in zip(grows, caches)))
+
+
+def decode_batch(
+    model: Transformer | DecoderOnly | Ensemble, params, src_tokens: Array,
+    options: DecodeOptions, max_decode_len: int, rng: Array | None = None,
+) -> Array:
+  """Best output tokens int32[batch, max_decode_len] (EOS, then PAD) for each source row.
+
+  `model` is the encoder-decoder, a prefix LM (a decoder-only model whose
+  prompt is the source), or an Ensemble of them (`params` a tuple).
+
+  Args:
+    src_tokens: int32[batch, src_len], EOS-terminated, PAD-padded.
+    max_decode_len: static output length; each row also stops at its own
+      input length + options.max_extra_len.
+  """
+  cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
+  first_length = cache_lengths[0] if cache_lengths else max_decode_len
+  members, member_params = members_of(for_decoding(model, options), params)
+  step, cache, sentences, grow = _prepare_ensemble([
+      _prepare(member, p, src_tokens, first_length, options.method)
+      for member, p in zip(members, member_params)])
   step = allowed_tokens(step, 0 if options.ignore_eos else options.min_length)
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
@@ -181,7 +217,6 @@ def decode_batch(
                 grow_cache=grow,  # No cache_lengths: one loop, grow_cache unused.
                 sentences=sentences)
   if options.method == "beam":
-    cache = stored_as(cache, model.config.matmul_operand_dtype)  # Reordered: halved.
     sequences, _ = search.beam_search(
         step, cache, batch_size, options.beam_size, options.alpha,
         finish_rule=options.finish_rule, stop_rule=options.stop_rule,
@@ -217,18 +252,20 @@ def allowed_tokens(tokens_to_logits: search.TokensToLogits, min_length: int
 
 
 class Translator:
-  """Jitted, sharded decoding of token batches for one model and set of params."""
+  """Jitted, sharded decoding of token batches for one model (or Ensemble) and its params."""
 
-  def __init__(self, model: Transformer | DecoderOnly, params, mesh, options: DecodeOptions):
+  def __init__(self, model: Transformer | DecoderOnly | Ensemble, params, mesh,
+               options: DecodeOptions):
     model = for_decoding(model, options)
     self.model, self.params, self.mesh, self.options = model, params, mesh, options
 
   def max_decode_len(self, src_len: int) -> int:
     length = src_len + self.options.max_extra_len
-    if self.model.config.positions == "learned":  # No positions past the table.
-      # A prefix LM's output positions follow its source's.
-      first = src_len if isinstance(self.model, DecoderOnly) else 0
-      length = min(length, self.model.config.max_len - first)
+    for model in members_of(self.model, self.params)[0]:
+      if model.config.positions == "learned":  # No positions past the table.
+        # A prefix LM's output positions follow its source's.
+        first = src_len if isinstance(model, DecoderOnly) else 0
+        length = min(length, model.config.max_len - first)
     return length
 
   def __call__(self, src_tokens: np.ndarray, rng: Array | None = None) -> np.ndarray:
@@ -260,7 +297,7 @@ class Translator:
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted_decode(model: Transformer | DecoderOnly, options: DecodeOptions, mesh,
+def _jitted_decode(model: Transformer | DecoderOnly | Ensemble, options: DecodeOptions, mesh,
                    max_len: int):
   """One jitted search per (architecture, options, mesh, output length), shared by every
   Translator: params are an argument, so a reloaded or averaged checkpoint of the same

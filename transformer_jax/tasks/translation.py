@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -14,8 +15,10 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from transformer_jax.data.pipeline import TranslationData
+from transformer_jax.decode.ensemble import Ensemble
 from transformer_jax.decode.translator import (DecodeOptions, Translator, for_decoding,
                                                translate_lines, translate_texts)
+from transformer_jax.errors import UserError
 from transformer_jax.metrics import bleu
 from transformer_jax.model.transformer import Transformer, shift_right
 from transformer_jax.tasks.corpus import CorpusTask
@@ -157,8 +160,14 @@ def decoding_settings(options: DecodeOptions, model: Any = None) -> dict:
                   min_length=options.min_length)
   if options.quantize:
     settings.update(quantize=options.quantize)
+  if isinstance(model, Ensemble):
+    settings.update(ensemble=len(model.members))
   if options.matmul_dtype:
-    resolved = for_decoding(model, options).config.matmul_dtype if model is not None else None
+    resolved = None
+    if model is not None:  # The flag sets every member's alike.
+      decoding = for_decoding(model, options)
+      resolved = (decoding.members[0] if isinstance(decoding, Ensemble) else decoding
+                  ).config.matmul_dtype
     settings.update(matmul_dtype=resolved or options.matmul_dtype)
   if options.method == "beam":
     settings.update(beam_size=options.beam_size, alpha=options.alpha,
@@ -166,3 +175,21 @@ def decoding_settings(options: DecodeOptions, model: Any = None) -> dict:
   if options.method == "sample":
     settings.update(temperature=options.temperature, top_k=options.top_k)
   return settings
+
+
+def combine_runs(runs: Sequence[LoadedRun], names: Sequence[str]) -> LoadedRun:
+  """The runs as one: an Ensemble model with a tuple of params, the first run's tokenizer,
+  mesh and config (its model.max_len the smallest of theirs). `names` (e.g. workdirs)
+  label the runs in errors. Every run must share the first one's tokenizer."""
+  first = runs[0]
+  for run, name in zip(runs[1:], names[1:]):
+    if run.tokenizer.sha256 != first.tokenizer.sha256:
+      raise UserError(
+          f"{name} has another tokenizer than {names[0]} (sha256 {run.tokenizer.sha256[:12]} "
+          f"vs {first.tokenizer.sha256[:12]}); an ensemble needs runs trained on one "
+          "vocabulary")
+  config = first.config.copy_and_resolve_references()
+  config.model.max_len = min(run.config.model.max_len for run in runs)
+  return dataclasses.replace(
+      first, config=config, model=Ensemble(tuple(run.model for run in runs)),
+      params=tuple(run.params for run in runs))
