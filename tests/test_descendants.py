@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -164,7 +165,8 @@ def test_translate_and_evaluate_decode_an_ensemble_of_runs(translation_run, pref
   scores = json.loads(evaluated.stdout.strip().splitlines()[-1])
   assert scores["ensemble"] == [str(translation_run), str(prefix_lm_run)]
   assert scores["decoding"]["ensemble"] == 2
-  assert scores["hypotheses_file"].endswith("src.txt.latest.ensemble-2.txt")
+  assert re.fullmatch(r"src\.txt\.latest\.ensemble-2-[0-9a-f]{8}\.txt",
+                      pathlib.Path(scores["hypotheses_file"]).name)
   assert len(pathlib.Path(scores["hypotheses_file"]).read_text().splitlines()) == 2
 
 

@@ -75,6 +75,34 @@ def test_an_ensemble_of_a_model_with_itself_beam_searches_as_the_model(models, s
   np.testing.assert_array_equal(together, alone)
 
 
+@pytest.mark.parametrize("method", ["beam", "greedy"])
+def test_an_encoder_decoder_and_a_prefix_lm_decode_alike_over_any_cache_and_batch(
+    tiny_model_config, method):
+  """Two different members, each with its own cache: the same tokens over a growing cache
+  (16, 32, 50 positions) and a shrinking batch as over one full-length cache and batch."""
+  from transformer_jax.model.decoder_only import DecoderOnly
+
+  rng = np.random.default_rng(0)
+  src = np.zeros((9, 10), np.int32)
+  for row, length in enumerate(rng.permutation(np.arange(2, 11))):
+    src[row, :length - 1] = rng.integers(4, 64, size=length - 1)
+    src[row, length - 1] = EOS_ID
+  members = (Transformer(tiny_model_config), DecoderOnly(tiny_model_config))
+  params = tuple(
+      jax.tree.map(lambda w: 2 * w, jax.jit(member.init)(jax.random.key(seed), *inputs)["params"])
+      for member, seed, inputs in zip(members, (0, 1), ((src, src), (src,))))
+  outputs = {}
+  for growing, shrink in ((False, False), (True, False), (True, True)):
+    options = translator.DecodeOptions(method=method, beam_size=3, max_extra_len=40,
+                                       growing_cache=growing, shrink_batch=shrink)
+    outputs[growing, shrink] = np.asarray(jax.jit(lambda p: translator.decode_batch(
+        Ensemble(members), p, jnp.asarray(src), options, 50))(params))
+  for variant, out in outputs.items():
+    np.testing.assert_array_equal(out, outputs[False, False], err_msg=str(variant))
+  lengths = (outputs[False, False] != PAD_ID).sum(-1)
+  assert len(set(lengths.tolist())) >= 4 and lengths.max() > 32, lengths
+
+
 def test_an_ensemble_needs_one_tokenizer():
   def run(sha256):
     return types.SimpleNamespace(tokenizer=types.SimpleNamespace(sha256=sha256))

@@ -9,8 +9,8 @@
 Prints one JSON object (sacrebleu, paper_bleu, tok_bleu, chrf, sentences,
 decode_seconds, sentences_per_second) and writes the hypotheses beside the
 checkpoint folder as <workdir>/hypotheses/<source name>.<checkpoint>.txt
-(with --ensemble, <source name>.<checkpoint>.ensemble-<N runs>.txt, the runs listed
-under "ensemble" in the JSON).
+(with --ensemble, <source name>.<checkpoint>.ensemble-<N runs>-<hash of their paths>.txt,
+the runs listed under "ensemble" in the JSON).
 tok_bleu is scored against --tok_reference (the official tokenized, lowercased
 references, e.g. Multi30k tok/test2016.de) where given, else against
 --reference lowercased and Moses-tokenized. With --reference_kind=tokenized
@@ -20,6 +20,7 @@ Multi30k tok/) only tok_bleu and chrf apply.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -67,8 +68,10 @@ def main(argv: list[str]) -> None:
   os.makedirs(out_dir, exist_ok=True)
   name = f"{os.path.basename(FLAGS.source)}.{FLAGS.checkpoint}"
   if FLAGS.ensemble:
-    name += f".ensemble-{1 + len(FLAGS.ensemble)}"
-    scores.update(ensemble=[os.path.abspath(path) for path in [workdir, *FLAGS.ensemble]])
+    members = [os.path.abspath(path) for path in [workdir, *FLAGS.ensemble]]
+    digest = hashlib.sha256("\n".join(members).encode()).hexdigest()[:8]  # Which runs.
+    name += f".ensemble-{len(members)}-{digest}"
+    scores.update(ensemble=members)
   out_path = os.path.join(out_dir, name + ".txt")
   with open(out_path, "w") as f:
     f.writelines(h + "\n" for h in hypotheses)

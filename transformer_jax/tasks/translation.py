@@ -181,6 +181,8 @@ def combine_runs(runs: Sequence[LoadedRun], names: Sequence[str]) -> LoadedRun:
   """The runs as one: an Ensemble model with a tuple of params, the first run's tokenizer,
   mesh and config (its model.max_len the smallest of theirs). `names` (e.g. workdirs)
   label the runs in errors. Every run must share the first one's tokenizer."""
+  if len(names) != len(runs):
+    raise ValueError(f"{len(runs)} runs but {len(names)} names")
   first = runs[0]
   for run, name in zip(runs[1:], names[1:]):
     if run.tokenizer.sha256 != first.tokenizer.sha256:
