@@ -3,6 +3,9 @@ checksummed download path, split names and the config's mistakes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import ml_collections
@@ -72,3 +75,43 @@ def test_default_split_names():
        "test_split": None})) == ("train", "val", "test2016")
   assert split_names(resolve_data_config(
       {"eval_split": "test"})) == ("train", "test", "test")
+
+
+_PREPARE_GENERATED = """
+import sys
+from pathlib import Path
+from absl import logging
+from transformer_jax.data import builders
+from transformer_jax.data.config import resolve_data_config
+from transformer_jax.data.corpus import resolve_corpus
+logging.set_verbosity(logging.INFO)
+corpus = resolve_corpus(resolve_data_config({"prepared_dir": sys.argv[1],
+                                             "num_generated_train": 300, "num_generated_eval": 20}))
+print(builders.prepare(corpus, Path(sys.argv[1]) / "tfds").splits)
+"""
+
+
+def test_a_run_started_beside_another_waits_for_its_dataset(tmp_path):
+  """Two runs started at once on a new cache (a sweep's two workers): the second waits
+  while the first prepares, then reads what the first wrote. Unlocked, both wrote the
+  dataset and one failed renaming its finished copy over the other's."""
+  tfds_dir = tmp_path / "tfds"
+  with builders.one_preparer(tfds_dir):
+    second = subprocess.Popen([sys.executable, "-c", _PREPARE_GENERATED, str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+      waited, deadline = False, time.monotonic() + 240
+      for line in second.stderr:  # Ends early only if the child gets past the lock.
+        if "waiting for another process preparing datasets" in line:
+          waited = True
+          break
+        assert time.monotonic() < deadline, "no wait logged in 240 s"
+      assert waited, second.communicate()[1][-2000:]
+      time.sleep(1.0)
+      assert second.poll() is None and not list(tfds_dir.glob("generated_translation/*"))
+    except BaseException:
+      second.kill()
+      raise
+  out, err = second.communicate(timeout=300)
+  assert second.returncode == 0, err[-2000:]
+  assert "'train': 300" in out

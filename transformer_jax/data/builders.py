@@ -22,11 +22,14 @@ prepared copy serves both translation directions.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 from absl import logging
 import tensorflow_datasets as tfds
@@ -287,8 +290,41 @@ def _prepare(builder: tfds.core.DatasetBuilder, **download_config) -> None:
                                                      **download_config))
 
 
+@contextlib.contextmanager
+def one_preparer(tfds_dir: Path) -> Iterator[None]:
+  """Holds an exclusive lock on `tfds_dir` (a `.prepare.lock` file in it) for the body.
+
+  Two processes that start at once on a new cache (a sweep's workers, the hosts of a
+  pod sharing a disk) would otherwise both write a dataset and one would fail on
+  renaming its finished copy; with the lock the second waits, then finds it prepared.
+  A cache folder that cannot be written is used as it is, without a lock.
+  """
+  try:
+    tfds_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(tfds_dir / ".prepare.lock", "a")
+  except OSError:
+    yield
+    return
+  with handle:
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      logging.info("waiting for another process preparing datasets in %s", tfds_dir)
+      fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def prepare(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
-  """Prepares (once) the resolved `corpus` in `tfds_dir` as array_record files."""
+  """Prepares (once, one process at a time) the resolved `corpus` in `tfds_dir` as
+  array_record files."""
+  with one_preparer(tfds_dir):
+    return _prepare_corpus(corpus, tfds_dir)
+
+
+def _prepare_corpus(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
   if corpus.name == "generated_translation":
     config = GeneratedConfig(seed=corpus.seed, num_train=corpus.num_generated_train,
                              num_eval=corpus.num_generated_eval)
