@@ -2,9 +2,11 @@
 
 Under data parallelism every process holds all parameters; under fsdp=4 each
 holds half of them (a quarter per device), so the checkpoint is written by
-both processes together and read back whole.
+both processes together and read back whole. Dev BLEU and the final report
+(averaging, decoding) are collective too: both processes decode, one writes.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -27,7 +29,11 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-MESHES = {"data": [], "fsdp": ["--config.mesh.data=1", "--config.mesh.fsdp=4"]}
+# The fsdp layout also scores dev BLEU and runs the final report (averaging two checkpoints,
+# decoding the test split): collective work that every process must take part in.
+REPORT_FLAGS = ["--config.eval_bleu_sentences=16", "--config.final_eval_split=test",
+                "--config.average_last_checkpoints=2", "--config.checkpoint_every_steps=2"]
+MESHES = {"data": [], "fsdp": ["--config.mesh.data=1", "--config.mesh.fsdp=4", *REPORT_FLAGS]}
 
 
 def _train_command(workdir, prepared_dir, mesh_flags=()):
@@ -82,12 +88,35 @@ def test_two_processes_equal_one_process_with_four_devices(tmp_path, layout):
       )
       for i in range(2)
   ]
-  outputs = [p.communicate(timeout=600) for p in processes]
+  try:
+    outputs = [p.communicate(timeout=600) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
   for p, (_, err) in zip(processes, outputs):
     assert p.returncode == 0, err[-3000:]
   assert "process 0 of 2" in outputs[0][1] or "process 0 of 2" in outputs[0][0]
+  if layout == "fsdp":
+    _assert_reports_agree(tmp_path / "single", tmp_path / "multi", outputs)
 
   # Gloo's cross-process all-reduce may sum in another order than one process.
   for a, b in zip(jax.tree.leaves(_final_params(tmp_path / "single")),
                   jax.tree.leaves(_final_params(tmp_path / "multi"))):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _assert_reports_agree(single, multi, outputs):
+  """Both processes decoded; process 0 alone printed and wrote the final report."""
+  assert "BLEU on test" in outputs[0][0] and "BLEU on test" not in outputs[1][0]
+
+  def report(workdir):
+    scores = json.loads((workdir / "final_test.json").read_text())
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return scores, [row["step"] for row in rows if "bleu" in row]
+
+  (single_scores, single_dev), (multi_scores, multi_dev) = report(single), report(multi)
+  assert multi_scores["averaged_steps"] == single_scores["averaged_steps"] == [2, 4]
+  assert multi_scores["sentences"] == single_scores["sentences"] == 64
+  assert multi_dev == single_dev == [STEPS]
+  # The same parameters to ~1e-5 (below): the same translations, unless a near-tie flips.
+  assert abs(multi_scores["chrf"] - single_scores["chrf"]) < 1.0

@@ -125,6 +125,20 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+def shard_rows_held_everywhere(array: np.ndarray, mesh: Mesh) -> jax.Array:
+  """A [batch, ...] array that every process holds whole (the same dev sentences on every
+  host), as one global array split over the batch axes: each device takes its rows."""
+  return jax.make_array_from_callback(array.shape, batch_sharding(mesh), lambda index: array[index])
+
+
+def fetch_everywhere(array: jax.Array) -> np.ndarray:
+  """The whole of a global array on every process, as numpy; across hosts an all-gather
+  (a collective: every process must call it), on one host a plain copy."""
+  if array.is_fully_addressable:
+    return np.asarray(jax.device_get(array))
+  return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
 def logical_shardings(abstract_boxed_tree: Any, mesh: Mesh) -> Any:
   """NamedShardings for a tree whose leaves carry flax logical-axis boxes."""
   logical_specs = nn.get_partition_spec(abstract_boxed_tree)

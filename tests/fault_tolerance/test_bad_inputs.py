@@ -126,6 +126,12 @@ CASES = [
          ("holds a checkpoint of a different model",
           "config.model.d_model: checkpoint 32, config 64", "use a new --workdir",
           "to start fresh")),
+    Case("resume_with_clipping_turned_on", "train", ("--config.grad_clip_norm=1.0",),
+         ("was trained with config.grad_clip_norm=0", "turning clipping on changes the optimizer "
+          "state", "resume with --config.grad_clip_norm=0")),
+    Case("resume_as_another_task", "train", ("--config.task=causal_lm",),
+         ("holds a checkpoint of task 'translation', not 'causal_lm'",
+          "--config.task=translation")),
     # --- translate.
     Case("beam_size_zero", "translate", ("--workdir={workdir}", "--beam_size=0"),
          ("--beam_size=0 must be at least 1",)),

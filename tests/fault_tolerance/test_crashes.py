@@ -13,6 +13,7 @@ from fault_tolerance import runner
 
 KILL_AFTER_SAVE = "tests/fault_tolerance/kill_after_save.py"
 SIGTERM_AT_DEVICE_STEP = "tests/fault_tolerance/sigterm_at_device_step.py"
+SIGTERM_AT_STEP = "tests/fault_tolerance/sigterm_at_step.py"
 
 
 def _kill_after_save(step: int, workdir, prepared_dir) -> runner.Result:
@@ -96,3 +97,25 @@ def test_sigterm_is_answered_within_a_step_of_the_device(prepared_dir, tmp_path)
   saved = re.search(r"SIGTERM: saved step (\d+)", result.stderr)
   assert saved, result.describe()
   assert signal_step <= int(saved.group(1)) <= signal_step + 1, result.describe()
+
+
+def test_sigterm_at_the_last_step_saves_and_leaves_its_evaluation_to_the_rerun(
+    prepared_dir, uninterrupted, tmp_path):
+  """The last step is due a dev evaluation and the final report: after a SIGTERM there the
+  job saves and exits (a preempted job has seconds); the rerun resumes at that step,
+  evaluates it, reports, and its metrics equal an uninterrupted run's."""
+  workdir, report = tmp_path / "run", "--config.final_eval_split=test"
+  result = runner.run([sys.executable, SIGTERM_AT_STEP, str(runner.STEPS),
+                       *runner.base_flags(prepared_dir), f"--workdir={workdir}", report])
+  assert result.returncode == 0, result.describe()
+  assert f"SIGTERM: saved step {runner.STEPS}" in result.stderr, result.describe()
+  assert runner.checkpoint_steps(workdir)[-1] == runner.STEPS
+  evaluated = [row["step"] for row in runner.metrics_rows(workdir) if row["split"] == "eval"]
+  assert evaluated == [10], "evaluated the SIGTERM's step before exiting"
+  assert "BLEU on test" not in result.stdout, "ran the final report after a SIGTERM"
+
+  rerun = runner.train_ok(workdir, prepared_dir, report)
+  assert f"resumed from step {runner.STEPS}" in rerun.stderr, rerun.describe()
+  assert f"step {runner.STEPS} had no dev evaluation" in rerun.stderr, rerun.describe()
+  assert "BLEU on test" in rerun.stdout, rerun.describe()
+  runner.assert_same_metrics(workdir, uninterrupted)

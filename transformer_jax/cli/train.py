@@ -8,7 +8,6 @@ Rerunning the same command resumes from the latest complete checkpoint.
 
 from __future__ import annotations
 
-import jax
 from absl import app
 
 from transformer_jax import sharding
@@ -16,6 +15,7 @@ from transformer_jax.cli import common
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.tasks.registry import make_task
 from transformer_jax.training.loop import NonFiniteLossError, train_and_evaluate
+from transformer_jax.training.preemption import PreemptionWatcher
 
 
 @exit_on_user_error
@@ -28,6 +28,7 @@ def main(argv: list[str]) -> None:
   sharding.maybe_initialize_distributed(flags.coordinator_address, flags.num_processes,
                                         flags.process_id)
   task = make_task(config)
+  preemption = PreemptionWatcher()  # The loop's own watcher nests in it and passes SIGTERM on.
   try:
     state = train_and_evaluate(config, workdir, task)
   except NonFiniteLossError as e:
@@ -35,9 +36,13 @@ def main(argv: list[str]) -> None:
   except OSError as e:  # A full disk or a read-only folder (metrics, tokenizer, config).
     raise UserError(f"cannot write {e.filename or workdir} ({e.strerror}); free disk space or "
                     "choose a writable --workdir; the complete checkpoints are intact") from None
-  finished = int(state.step) >= config.num_train_steps  # Not after a SIGTERM.
+  finally:
+    preemption.close()
+  # Not after a SIGTERM, even one at the last step: the rerun reports (it resumes there).
+  preempted, = sharding.any_process(preemption.requested)
+  finished = int(state.step) >= config.num_train_steps and not preempted
   del state
-  if finished and jax.process_index() == 0:
+  if finished:  # Every process: restoring, averaging and decoding are collective.
     task.final_report(workdir)
 
 

@@ -272,12 +272,13 @@ class Translator:
     """int32[batch, src_len] -> int32[batch, max_decode_len]; any batch size.
 
     Rows are padded up to a multiple of the batch shards, so a batch the
-    device count does not divide still decodes.
+    device count does not divide still decodes. Across hosts every process calls it with
+    the same `src_tokens` and gets every row back.
     """
-    padded = self._pad_rows(src_tokens)
+    padded = sharding.shard_rows_held_everywhere(self._pad_rows(src_tokens), self.mesh)
     with sharding.mesh_context(self.mesh):
       out = self._function(src_tokens.shape[1])(self.params, padded, rng)
-    return np.asarray(jax.device_get(out))[: src_tokens.shape[0]]
+    return sharding.fetch_everywhere(out)[: src_tokens.shape[0]]
 
   def lower(self, src_tokens: np.ndarray, rng: Array | None = None) -> jax.stages.Lowered:
     """The decoding computation `__call__` runs for this batch shape (for profiling)."""

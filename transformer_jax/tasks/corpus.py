@@ -124,13 +124,15 @@ class CorpusTask(Task):
     run = self.load_run(workdir)
     step_fn = jax.jit(functools.partial(
         eval_step, loss_fn=functools.partial(self.loss_sums, run.model)))
-    batches = self.data.eval_batches(split, sharding.batch_shards(run.mesh))
+    batches = self.data.eval_batches(split, sharding.batch_shards(run.mesh),
+                                     jax.process_index(), jax.process_count())
     with sharding.mesh_context(run.mesh):
       totals = sum_over_batches(step_fn, run.params, batches, run.mesh, self.batch_keys)
     metrics = self.dev_metrics(run.model, run.params, totals, run.mesh)
     report = dict(split=split, checkpoint_step=run.step, **metrics)
-    print(f"{self.name} on {split} (step {run.step}): "
-          + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
-    with open(os.path.join(workdir, f"final_{split}.json"), "w") as f:
-      json.dump(report, f, indent=2)
+    if jax.process_index() == 0:
+      print(f"{self.name} on {split} (step {run.step}): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()), flush=True)
+      with open(os.path.join(workdir, f"final_{split}.json"), "w") as f:
+        json.dump(report, f, indent=2)
     return report

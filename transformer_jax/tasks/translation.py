@@ -115,6 +115,9 @@ class TranslationTask(CorpusTask):
                   if averaged_steps else f"step {run.step}")
     scores, hypotheses = evaluate_texts(run, sources, references, DecodeOptions.from_config(config),
                                         **reference_sets(self.data, split))
+    scores.update(checkpoint_step=run.step, averaged_steps=averaged_steps)
+    if jax.process_index() > 0:  # Every process decoded (collectively); one reports.
+      return scores
     examples = list(zip(sources, hypotheses, references))[: config.final_eval_examples]
     for source, hypothesis, reference in examples:
       print(f"source:     {source}\ntranslated: {hypothesis}\nreference:  {reference}\n")
@@ -122,7 +125,6 @@ class TranslationTask(CorpusTask):
           f"{config.length_penalty}): {bleu.summary(scores)}")
     if "sacrebleu_signature" in scores:
       print(f"sacreBLEU signature: {scores['sacrebleu_signature']}")
-    scores.update(checkpoint_step=run.step, averaged_steps=averaged_steps)
     with open(os.path.join(workdir, f"final_{split}.json"), "w") as f:
       json.dump(scores, f, indent=2)
     return scores

@@ -158,8 +158,9 @@ def restore_latest(
       unreadable.append(path)
   if restored is None and steps:
     raise UserError(
-        f"no readable checkpoint in {manager.directory} (tried steps {steps}); "
-        "delete the folder to start fresh"
+        f"no readable checkpoint in {manager.directory} (tried steps {steps}); if the config "
+        "changed since they were written, resume with the one in config.json; else move the "
+        "folder away to start fresh"
     )
   if unreadable and set_aside_unreadable:
     _set_aside(manager, unreadable)
@@ -265,6 +266,24 @@ def check_compatible(saved_model_config: dict, model_config: dict, workdir: str)
           f"checkpoint {saved!r}, config {wanted!r}); use a new --workdir, or delete "
           f"{checkpoint_dir(workdir)} to start fresh"
       )
+
+
+def check_same_train_state(saved_config: dict, config: Any, workdir: str) -> None:
+  """Raises a one-line UserError if the config's train state has another structure than the
+  saved one's: another task (other parameters), or clipping turned on or off (an optimizer
+  state of another shape). Otherwise Orbax fails on every checkpoint alike, which reads as
+  damage."""
+  saved_task, task = saved_config.get("task"), config.get("task")
+  if saved_task is not None and saved_task != task:
+    raise UserError(f"{workdir} holds a checkpoint of task {saved_task!r}, not {task!r}; "
+                    f"use a new --workdir, or --config.task={saved_task}")
+  saved_clip = float(saved_config.get("grad_clip_norm") or 0.0)
+  if (saved_clip > 0) != (float(config.get("grad_clip_norm") or 0.0) > 0):
+    raise UserError(
+        f"{workdir} was trained with config.grad_clip_norm={saved_clip:g}, and turning "
+        f"clipping {'off' if saved_clip > 0 else 'on'} changes the optimizer state; resume with "
+        f"--config.grad_clip_norm={saved_clip:g} (any value above 0 keeps clipping on), or use "
+        "a new --workdir")
 
 
 def abstract_like(tree: Any) -> Any:

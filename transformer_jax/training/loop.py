@@ -140,6 +140,7 @@ def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState
   def check_meta(meta: dict) -> None:  # Before reading the state: a clear error, not Orbax's.
     checkpoints.check_compatible(model_config_dict(meta["config"]["model"]), model_dict,
                                  run.workdir)
+    checkpoints.check_same_train_state(meta["config"], run.config, run.workdir)
     run.task.check_checkpoint_meta(meta, run.workdir)
 
   restored = checkpoints.restore_latest(
@@ -218,21 +219,40 @@ class Bookkeeping:
       if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
         kept = (f"the last good checkpoint (step {self.last_saved_step}) is intact"
                 if self.last_saved_step > 0 else "no checkpoint was written yet")
+        what = (f"the loss became {metrics['loss']}" if not np.isfinite(metrics["loss"]) else
+                f"the gradient norm became {metrics['grad_norm']} (loss {metrics['loss']:.4f})")
         raise NonFiniteLossError(
-            f"the loss became {metrics['loss']} at step {step}; {kept}; lower the learning "
-            "rate or enable config.grad_clip_norm")
+            f"{what} at step {step}; {kept}; lower the learning rate or enable "
+            "config.grad_clip_norm")
     if log_due:
       self.log(step, metrics)
     if checkpoint_due:
       checkpoints.save(self.run.manager, step, state, train_iter.get_state(),
                        dict(self.run.meta, step=step))
       self.last_saved_step, self.last_save_time = step, time.time()
-    if step % config.eval_every_steps == 0 or is_last:
-      dev = evaluate(self.run, state.params)
-      self.run.writer.write(dict(step=step, **dev), prefix="eval")
-      if jax.process_index() == 0:
-        logging.info("step %d dev: %s", step, dev)
+    # After a SIGTERM the save must finish within the grace period: the resumed run
+    # evaluates this step instead (`evaluate_missed`).
+    if self.eval_due(step) and not preempted:
+      self.evaluate(step, state)
     return preempted
+
+  def eval_due(self, step: int) -> bool:
+    return step % self.run.config.eval_every_steps == 0 or step == self.run.config.num_train_steps
+
+  def evaluate(self, step: int, state: TrainState) -> None:
+    dev = evaluate(self.run, state.params)
+    self.run.writer.write(dict(step=step, **dev), prefix="eval")
+    if jax.process_index() == 0:
+      logging.info("step %d dev: %s", step, dev)
+
+  def evaluate_missed(self, state: TrainState) -> None:
+    """Evaluates the step a run resumes from if it was due and has no dev row: the run was
+    stopped by SIGTERM there (which saves, then skips the evaluation), or killed during it."""
+    step = self.start_step
+    missing = step > 0 and self.eval_due(step) and not self.run.writer.has_row(step, "eval")
+    if sharding.any_process(missing)[0]:  # Process 0 holds the metrics; all evaluate.
+      logging.info("step %d had no dev evaluation; evaluating it now", step)
+      self.evaluate(step, state)
 
   def log(self, step: int, metrics: dict) -> None:
     now = time.time()
@@ -256,6 +276,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Tr
   books = Bookkeeping(run, start_step=int(state.step))
   previous_loss = None
   try:
+    books.evaluate_missed(state)
     for step in range(books.start_step + 1, config.num_train_steps + 1):
       batch = {k: v for k, v in next(train_iter).items() if k in task.batch_keys}
       state, metrics = run.train_fn(state, sharding.global_batch(batch, run.mesh))

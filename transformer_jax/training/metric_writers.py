@@ -41,6 +41,21 @@ class MetricsWriter:
                        dynamic_ncols=True, leave=False)
     self._bar.update(step - self._bar.n)
 
+  def has_row(self, step: int, split: str) -> bool:
+    """Whether metrics.jsonl holds a `split` ("train", "eval") row for `step` (False on
+    processes that do not write)."""
+    if not self.enabled or not os.path.exists(self.path):
+      return False
+    with open(self.path) as f:
+      for line in f:
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:  # A half-written last line.
+          continue
+        if row.get("step") == step and row.get("split") == split:
+          return True
+    return False
+
   def truncate_after(self, step: int) -> None:
     """Drops rows logged after `step` (a resumed run writes them again).
 

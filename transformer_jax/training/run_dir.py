@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 from flax import linen as nn
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from tqdm import tqdm
 
@@ -151,8 +152,10 @@ def average_checkpoints(workdir: str, last: int, init_params: InitParams) -> tup
       total, newest.params,
   )
   target_dir = os.path.join(workdir, AVERAGED_DIR)
-  if os.path.isdir(target_dir):
+  if jax.process_index() == 0 and os.path.isdir(target_dir):
     shutil.rmtree(target_dir)  # One averaged checkpoint at a time.
+  if jax.process_count() > 1:  # No host writes before the old average is gone.
+    multihost_utils.sync_global_devices("removed the previous averaged checkpoint")
   target = checkpoints.make_manager(target_dir, 1, async_save=False)
   meta = dict(meta, averaged_steps=steps)
   checkpoints.save(target, steps[-1], newest.replace(params=averaged), None, meta)
