@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import types
+from typing import Iterable
 
 import ml_collections
 
@@ -111,6 +112,25 @@ def check_learned_positions(config: ml_collections.ConfigDict) -> None:
         f"config.model.max_len={model.max_len} learned positions cannot cover rows of {row_len} "
         f"tokens ({what}); raise config.model.max_len to {row_len} or use "
         "config.model.positions='sinusoidal'")
+
+
+def check_overrides_apply(config: ml_collections.ConfigDict, overridden: Iterable[str]) -> None:
+  """Raises a one-line UserError for a command-line override that the config would ignore.
+
+  `overridden`: the keys set on the command line ("learning_rate", "model.vocab_size").
+  """
+  overridden = set(overridden)
+  if "learning_rate" in overridden and config.schedule == "paper":
+    raise UserError("--config.learning_rate is not used by config.schedule='paper' (its peak is "
+                    "d_model^-0.5 · warmup^-0.5 × config.learning_rate_scale); set "
+                    "--config.learning_rate_scale, or --config.schedule=linear_rsqrt or "
+                    "linear_cosine")
+  if "learning_rate_scale" in overridden and config.schedule != "paper":
+    raise UserError(f"--config.learning_rate_scale is used only by config.schedule='paper', not "
+                    f"{config.schedule!r}; set --config.learning_rate (the peak) instead")
+  if "model.vocab_size" in overridden:
+    raise UserError("--config.model.vocab_size is set from the run's tokenizer; choose the "
+                    "vocabulary with --config.data.vocab_size (a new tokenizer is trained)")
 
 
 def validate_config(config: ml_collections.ConfigDict) -> None:

@@ -22,7 +22,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from transformer_jax.configs import all_keys, default_config
+from transformer_jax.configs import all_keys, check_overrides_apply, default_config
 from transformer_jax.data.text_files import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
 from transformer_jax.decode import search
 from transformer_jax.decode.translator import DecodeOptions
@@ -146,6 +146,7 @@ def config_and_workdir() -> tuple[ml_collections.ConfigDict, str]:
   if not FLAGS.workdir:
     raise UserError("--workdir is required: the folder for checkpoints and metrics")
   workdir = os.path.abspath(os.path.expanduser(FLAGS.workdir))
+  check_overrides_apply(FLAGS.config, config_flags.get_override_values(FLAGS["config"]))
   return FLAGS.config, workdir
 
 
