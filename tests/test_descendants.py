@@ -239,6 +239,25 @@ def test_mismatched_pairs_take_another_rows_target():
   assert valid.sum() == 64 - (labels[-1] == TRUE_PAIR) - (labels[0] == MISMATCHED)
 
 
+def test_a_mismatched_pair_never_keeps_its_own_target():
+  """A micro-batch of one row, or a repeated sentence beside itself: the swapped target is the
+  row's own, so those MISMATCHED rows would teach that true pairs are mismatched."""
+  from transformer_jax.tasks.classification import MISMATCHED, mismatch_pairs
+
+  src = np.arange(4, 4 + 64 * 3, dtype=np.int32).reshape(64, 3)
+  tgt = src + 1000
+  tgt[1::2] = tgt[0::2]  # Every target twice in a row.
+  _, labels, valid = mismatch_pairs(jax.random.key(0), dict(src_tokens=src, target_tokens=tgt))
+  labels, valid = np.asarray(labels), np.asarray(valid)
+  odd = np.arange(64) % 2 == 1  # Their row r-1 holds the same target.
+  assert np.any(odd & (labels == MISMATCHED))
+  assert not np.any(valid & odd & (labels == MISMATCHED))
+  assert np.all(valid[~odd | (labels != MISMATCHED)])
+  for seed in range(8):  # One row alone.
+    _, label, alone = mismatch_pairs(jax.random.key(seed), dict(src_tokens=src[:1], target_tokens=tgt[:1]))
+    assert bool(alone[0]) == (int(label[0]) != MISMATCHED)
+
+
 def test_monolingual_plain_text_is_read_as_both_sides(tmp_path):
   from transformer_jax.data.config import resolve_data_config
   from transformer_jax.data.corpus import resolve_corpus

@@ -41,12 +41,17 @@ def mismatch_pairs(key: Array, batch: dict[str, Array]) -> tuple[dict[str, Array
 
   Row r keeps its target (TRUE_PAIR) or takes row r-1's (MISMATCHED), each
   with probability 1/2. `valid` drops rows that only fill a batch (no source,
-  or an empty target after the swap).
+  or an empty target after the swap), and MISMATCHED rows whose new target is
+  their own: a batch (or micro-batch) of one row, or a sentence the corpus
+  repeats ("Thank you.") next to itself.
   """
   src, tgt = batch["src_tokens"], batch["target_tokens"]
   keep = jax.random.bernoulli(key, 0.5, (src.shape[0],))
-  target = jnp.where(keep[:, None], tgt, jnp.roll(tgt, 1, axis=0))
-  valid = jnp.any(src != PAD_ID, axis=-1) & jnp.any(target != PAD_ID, axis=-1)
+  other = jnp.roll(tgt, 1, axis=0)
+  target = jnp.where(keep[:, None], tgt, other)
+  really_mismatched = jnp.any(other != tgt, axis=-1)
+  valid = (jnp.any(src != PAD_ID, axis=-1) & jnp.any(target != PAD_ID, axis=-1)
+           & (keep | really_mismatched))
   labels = jnp.where(keep, TRUE_PAIR, MISMATCHED).astype(jnp.int32)
   return dict(batch, target_tokens=target), labels, valid
 
