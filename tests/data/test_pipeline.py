@@ -221,3 +221,14 @@ def test_chunked_encoding_equals_encoding_all_at_once(tmp_path):
     assert flat.dtype == want_flat.dtype and offsets.dtype == want_offsets.dtype
   flat, offsets = tokenized.encode_ragged(tok, [])
   assert flat.shape == (0,) and offsets.tolist() == [0]
+
+
+def test_a_tokenizer_trained_on_another_split_is_another_cache_entry(small_generated):
+  """A smoke run trained on the small validation split caches its tokenizer; a later run on
+  train with the same vocab_size must train its own, not find the smoke run's."""
+  config = dict(small_generated.config.to_dict(), train_split="validation", vocab_size=200)
+  on_validation = pipeline.load_dataset(config)
+  on_train = pipeline.load_dataset(dict(config, train_split="train"))
+  assert on_validation.tokenizer.sha256 != on_train.tokenizer.sha256
+  again = pipeline.load_dataset(config)
+  assert again.tokenizer.sha256 == on_validation.tokenizer.sha256

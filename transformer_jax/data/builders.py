@@ -350,6 +350,8 @@ def _prepare_corpus(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
     _prepare(builder)
   splits = {s: info.num_examples for s, info in builder.info.splits.items()}
   key = f"{builder.name}-{builder.builder_config.name}-{builder.version}"
+  if corpus.name == "tfds_text":  # Which text field: another field is other data.
+    key += f"-{corpus.target_feature}"
   return PreparedDataset(key=key, splits=splits, source_feature=corpus.source_feature,
                          target_feature=corpus.target_feature, builder=builder)
 

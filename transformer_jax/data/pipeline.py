@@ -213,7 +213,10 @@ def corpus_tokenizer(cfg: ml_collections.ConfigDict, prepared: builders.Prepared
     yield from src
     yield from tgt
 
-  return tokenizer_lib.cached_tokenizer(root / "tokenizers", prepared.key, cfg.vocab_size,
+  # Trained on another split, it is another tokenizer (a smoke run's on val must not be
+  # found by the full run); the default split keeps the names that caches already have.
+  key = prepared.key if train_split == "train" else f"{prepared.key}-from-{train_split}"
+  return tokenizer_lib.cached_tokenizer(root / "tokenizers", key, cfg.vocab_size,
                                         cfg.tokenizer_type, training_text)
 
 
