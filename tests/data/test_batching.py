@@ -145,6 +145,19 @@ def test_eval_plan_covers_every_pair_without_truncation():
     assert (np.maximum(SPLIT.src_lengths, SPLIT.tgt_lengths)[real] <= length).all()
 
 
+def test_eval_pads_a_pair_training_could_see_to_at_most_max_len():
+  """Boundaries (8, 16, 32, 64) and max_len 40: training pads a 36-token pair to 40; so must
+  eval (a model with 40 learned positions has none past them); longer pairs still fit."""
+  plan = batching.eval_plan(SPLIT, (8, 16, 32, 64), 512, 2, max_len=40)
+  longest = np.maximum(SPLIT.src_lengths, SPLIT.tgt_lengths)
+  for length, rows in plan:
+    real = longest[rows[rows >= 0]]
+    assert (real <= length).all()
+    if (real <= 40).all():
+      assert length <= 40, f"pairs of at most 40 tokens padded to {length}"
+  assert {length for length, _ in plan} >= {40, 64}
+
+
 def test_bad_sharding_and_budget_are_user_errors():
   with pytest.raises(UserError, match="not a multiple of process_count"):
     _iterator(multiple=3, count=2)

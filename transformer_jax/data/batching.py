@@ -90,9 +90,12 @@ def train_boundaries(boundaries: Sequence[int], max_len: int) -> tuple[int, ...]
   return tuple(sorted({int(b) for b in boundaries if 0 < b < max_len} | {max_len}))
 
 
-def eval_boundaries(boundaries: Sequence[int], longest: int) -> tuple[int, ...]:
-  """Boundaries for eval: never truncate, so add one that fits `longest`."""
-  bounds = sorted({int(b) for b in boundaries if b > 0})
+def eval_boundaries(boundaries: Sequence[int], longest: int, max_len: int | None = None
+                    ) -> tuple[int, ...]:
+  """Boundaries for eval: `max_len` among them, so that a pair training could see is padded
+  to at most its training length (a model with learned positions covers no more), the
+  configured ones above it, and one that fits `longest` (eval never truncates)."""
+  bounds = sorted({int(b) for b in boundaries if b > 0} | ({max_len} if max_len else set()))
   if not bounds or bounds[-1] < longest:
     bounds.append(-(-longest // 64) * 64)  # Round up to a multiple of 64.
   return tuple(bounds)
@@ -373,12 +376,13 @@ def host_slice(rows: int, process_index: int, process_count: int) -> tuple[int, 
 
 
 def eval_plan(split: TokenizedSplit, boundaries: Sequence[int], tokens_per_batch: int,
-              batch_multiple: int) -> list[tuple[int, np.ndarray]]:
-  """Batches covering every pair once, sorted by length (no truncation)."""
+              batch_multiple: int, max_len: int | None = None) -> list[tuple[int, np.ndarray]]:
+  """Batches covering every pair once, sorted by length (no truncation; see
+  `eval_boundaries` for `max_len`)."""
   lengths = np.maximum(split.src_lengths, split.tgt_lengths)
   if len(split) == 0:
     return []
-  bounds = eval_boundaries(boundaries, int(lengths.max()))
+  bounds = eval_boundaries(boundaries, int(lengths.max()), max_len)
   rows = [max(batch_multiple, (tokens_per_batch // b) // batch_multiple * batch_multiple)
           for b in bounds]
   return bucket_plan(np.argsort(lengths, kind="stable"), lengths, bounds, rows)

@@ -135,7 +135,7 @@ class TranslationData:
     key = (split, batch_multiple, tpb)
     if key not in self._eval_plans:
       self._eval_plans[key] = batching.eval_plan(
-          data, self.config.bucket_boundaries, tpb, batch_multiple)
+          data, self.config.bucket_boundaries, tpb, batch_multiple, self.config.max_len)
     def host_batch(plan):
       length, idx = plan
       lo, hi = batching.host_slice(len(idx), process_index, process_count)
