@@ -145,6 +145,18 @@ def test_eval_plan_covers_every_pair_without_truncation():
     assert (np.maximum(SPLIT.src_lengths, SPLIT.tgt_lengths)[real] <= length).all()
 
 
+def test_eval_leaves_out_the_pairs_training_drops_as_empty():
+  """A blank line (EOS only) on either side: training drops the pair, so its loss would be a
+  prediction the model never trained on; every other pair is still scored once."""
+  sources = [[5, EOS_ID], [EOS_ID], [6, 7, EOS_ID], [8, EOS_ID], [EOS_ID]]
+  targets = [[9, EOS_ID], [10, EOS_ID], [EOS_ID], [11, 12, EOS_ID], [EOS_ID]]
+  split = batching.TokenizedSplit.from_lists(sources, targets)
+  ids = np.concatenate([rows for _, rows in batching.eval_plan(split, (8,), 64, 2)])
+  assert sorted(ids[ids >= 0]) == [0, 3]
+  blank = batching.TokenizedSplit.from_lists([[EOS_ID]], [[EOS_ID]])
+  assert batching.eval_plan(blank, (8,), 64, 2) == []
+
+
 def test_eval_pads_a_pair_training_could_see_to_at_most_max_len():
   """Boundaries (8, 16, 32, 64) and max_len 40: training pads a 36-token pair to 40; so must
   eval (a model with 40 learned positions has none past them); longer pairs still fit."""

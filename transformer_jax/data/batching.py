@@ -378,14 +378,18 @@ def host_slice(rows: int, process_index: int, process_count: int) -> tuple[int, 
 def eval_plan(split: TokenizedSplit, boundaries: Sequence[int], tokens_per_batch: int,
               batch_multiple: int, max_len: int | None = None) -> list[tuple[int, np.ndarray]]:
   """Batches covering every pair once, sorted by length (no truncation; see
-  `eval_boundaries` for `max_len`)."""
+  `eval_boundaries` for `max_len`), except pairs with an empty side: training never sees
+  them (`tokenized.filter_train`), so the dev loss leaves them out too (a blank line of an
+  LM corpus would otherwise add an EOS-only prediction to its perplexity)."""
   lengths = np.maximum(split.src_lengths, split.tgt_lengths)
-  if len(split) == 0:
+  scored = np.flatnonzero((split.src_lengths > 1) & (split.tgt_lengths > 1))  # Not EOS only.
+  if len(scored) == 0:
     return []
-  bounds = eval_boundaries(boundaries, int(lengths.max()), max_len)
+  bounds = eval_boundaries(boundaries, int(lengths[scored].max()), max_len)
   rows = [max(batch_multiple, (tokens_per_batch // b) // batch_multiple * batch_multiple)
           for b in bounds]
-  return bucket_plan(np.argsort(lengths, kind="stable"), lengths, bounds, rows)
+  order = scored[np.argsort(lengths[scored], kind="stable")]
+  return bucket_plan(order, lengths, bounds, rows)
 
 
 def eval_batch(split: TokenizedSplit, length: int, idx: np.ndarray) -> dict[str, np.ndarray]:

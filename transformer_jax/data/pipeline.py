@@ -123,7 +123,8 @@ class TranslationData:
   def eval_batches(self, split: str, batch_multiple: int, process_index: int = 0,
                    process_count: int = 1, tokens_per_batch: int | None = None
                    ) -> Iterator[dict[str, np.ndarray]]:
-    """Every pair of `split` exactly once, shortest first, never truncated.
+    """Every pair of `split` exactly once, shortest first, never truncated; pairs with an
+    empty side are left out, as training leaves them out (`batching.eval_plan`).
 
     Yields {'src_tokens', 'target_tokens': int32[rows, len], 'example_ids':
     int32[rows]} (row i holds pair example_ids[i] of `texts(split)`; -1 and
