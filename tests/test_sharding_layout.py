@@ -150,3 +150,22 @@ def test_model_info_prints_bytes_per_device_for_a_mesh():
   # A pod's layout is sized without its devices; its step is not compiled here.
   pod = _model_info("--config=experiments/configs/wmt14_big.py", "--mesh=data=16,fsdp=16,tensor=4")
   assert "1024 devices" in pod and "not estimated" in pod, pod
+
+
+def test_processes_holding_different_tokenizers_stop_with_one_line(monkeypatch):
+  """Hosts with caches of their own may hold different tokenizers (a stale cache, another
+  vocab_size): every process compares its tokenizer's digest with the others' at start."""
+  from jax.experimental import multihost_utils
+
+  from transformer_jax import sharding
+  from transformer_jax.errors import UserError
+
+  digests = ["ab" * 32, "ab" * 32, "cd" * 32]
+  monkeypatch.setattr(jax, "process_count", lambda: len(digests))
+  monkeypatch.setattr(multihost_utils, "process_allgather", lambda mine: np.stack(
+      [np.frombuffer(bytes.fromhex(d[:32]), np.uint8) for d in digests]))
+  with pytest.raises(UserError, match=r"the tokenizer differs between processes \(process 0 "
+                     r"has abababababab…; processes 2 another\); share it"):
+    sharding.check_same_everywhere(digests[0], "the tokenizer", "share it")
+  digests[2] = digests[0]
+  sharding.check_same_everywhere(digests[0], "the tokenizer", "share it")

@@ -90,6 +90,20 @@ def any_process(*flags: bool) -> tuple[bool, ...]:
   return tuple(bool(f) for f in gathered.reshape(jax.process_count(), len(flags)).any(axis=0))
 
 
+def check_same_everywhere(digest: str, what: str, fix: str) -> None:
+  """Raises a one-line UserError unless every process holds the same hex `digest` of `what`
+  (a tokenizer each host trained or found in its own cache: different token ids on two hosts
+  would train on nonsense without any error). Nothing to do in a single-process run."""
+  if jax.process_count() == 1:
+    return
+  mine = np.frombuffer(bytes.fromhex(digest[:32]), np.uint8)
+  every = np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), -1)
+  differ = [i for i in range(len(every)) if not np.array_equal(every[i], every[0])]
+  if differ:
+    raise UserError(f"{what} differs between processes (process 0 has {digest[:12]}…; "
+                    f"processes {', '.join(map(str, differ))} another); {fix}")
+
+
 def make_mesh(mesh_config: Any, devices: list | None = None) -> Mesh:
   """A (data, fsdp, tensor) mesh; a size of -1 takes the remaining devices."""
   devices = devices if devices is not None else jax.devices()

@@ -57,6 +57,9 @@ class CorpusTask(Task):
 
   def prepare_data(self) -> None:
     self._data = load_dataset(self.config.data)
+    sharding.check_same_everywhere(
+        self._data.tokenizer.sha256, "the tokenizer",
+        "give every host the same data.prepared_dir (a shared disk) or data.tokenizer_path")
     with self.config.unlocked():
       # The model follows the tokenizer.
       self.config.model.vocab_size = self._data.tokenizer.vocab_size + len(self.extra_tokens)
