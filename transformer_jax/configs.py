@@ -38,6 +38,10 @@ def default_config() -> ml_collections.ConfigDict:
 
   config.seed = 0  # Parameter initialisation and dropout.
   config.num_train_steps = 100_000
+  # > 0: stop within this many minutes of training (compiling, steps, evaluations, checkpoints):
+  # the step count is fixed once, halfway through the warm-up, from the measured speed, at
+  # most num_train_steps (training/budget.py).
+  config.train_minutes = 0.0
   config.gradient_accumulation_steps = 1
   config.label_smoothing = 0.1  # ε_ls (§5.4).
 
@@ -149,6 +153,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints", "warmup_steps"):
     if int(config[key]) < 1:
       raise UserError(f"config.{key}={config[key]!r} must be a positive integer")
+  if config.train_minutes < 0:
+    raise UserError(f"config.train_minutes={config.train_minutes!r} must be >= 0 (0: train "
+                    "num_train_steps)")
   if not 0.0 <= config.label_smoothing < 1.0:
     raise UserError(f"config.label_smoothing={config.label_smoothing!r} must be in [0, 1)")
   if config.beam_size < 1:

@@ -104,6 +104,13 @@ def check_same_everywhere(digest: str, what: str, fix: str) -> None:
                     f"processes {', '.join(map(str, differ))} another); {fix}")
 
 
+def from_process_0(value: int) -> int:
+  """Process 0's `value` on every process (a decision one host takes for all)."""
+  if jax.process_count() == 1:
+    return int(value)
+  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+
+
 def make_mesh(mesh_config: Any, devices: list | None = None) -> Mesh:
   """A (data, fsdp, tensor) mesh; a size of -1 takes the remaining devices."""
   devices = devices if devices is not None else jax.devices()

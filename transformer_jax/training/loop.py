@@ -30,10 +30,10 @@ from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.info import format_counts, parameter_counts
-from transformer_jax.training import checkpoints, init_from
+from transformer_jax.training import budget, checkpoints, init_from
 from transformer_jax.training.metric_writers import MetricsWriter
 from transformer_jax.training.preemption import PreemptionWatcher
-from transformer_jax.training.schedules import make_optimizer, make_schedule
+from transformer_jax.training.schedules import USES_STEP_COUNT, make_optimizer, make_schedule
 from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import compile_steps, sum_over_batches
 
@@ -83,7 +83,8 @@ class Run:
   eval_fn: Any
   manager: Any
   writer: MetricsWriter
-  meta: dict
+  meta: dict  # Saved with every checkpoint.
+  restored_meta: dict = dataclasses.field(default_factory=dict)  # The resumed checkpoint's.
 
 
 def build_steps(config: ml_collections.ConfigDict, task: Trainable, mesh: Mesh
@@ -147,7 +148,7 @@ def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState
       run.manager, checkpoints.abstract_like(state), check_meta=check_meta,
       set_aside_unreadable=True)
   if restored is not None:
-    state, data_state, _ = restored
+    state, data_state, run.restored_meta = restored
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
   else:
@@ -199,10 +200,20 @@ class Bookkeeping:
     self.window_tokens = 0.0
     self.last_saved_step = start_step
     self.preemption = PreemptionWatcher()
+    # config.train_minutes: the training time of earlier processes of this run, when steps
+    # were reached, and how long each evaluation took.
+    self.prior_seconds = float(run.restored_meta.get("train_seconds", 0.0))
+    self.step_times: dict[int, float] = {}
+    self.eval_seconds: dict[int, float] = {}
+
+  def elapsed(self) -> float:
+    """Seconds this run has trained, over every process that resumed it."""
+    return self.prior_seconds + time.time() - self.started
 
   def after_step(self, step: int, state: TrainState, metrics: dict, train_iter: Any) -> bool:
     """Logs, checks, saves and evaluates as due after `step`; True if preempted (saved)."""
     config = self.run.config
+    self.step_times[step] = time.time()
     is_last = step == config.num_train_steps
     # Read once: a SIGTERM from here on waits a step. Every host must take the
     # same decision (a save is collective): a signal or a timer on any host counts.
@@ -228,19 +239,30 @@ class Bookkeeping:
       self.log(step, metrics)
     if checkpoint_due:
       checkpoints.save(self.run.manager, step, state, train_iter.get_state(),
-                       dict(self.run.meta, step=step))
+                       dict(self.run.meta, step=step, train_seconds=self.elapsed()))
       self.last_saved_step, self.last_save_time = step, time.time()
     # After a SIGTERM the save must finish within the grace period: the resumed run
     # evaluates this step instead (`evaluate_missed`).
     if self.eval_due(step) and not preempted:
       self.evaluate(step, state)
+    if (config.train_minutes > 0 and step == budget.decision_step(config) and not preempted
+        and "budgeted_steps" not in self.run.meta):
+      self.fix_step_count(step, state)
+      if step == config.num_train_steps:  # The budget is spent already: this step is the last.
+        if not checkpoint_due:
+          checkpoints.save(self.run.manager, step, state, train_iter.get_state(),
+                           dict(self.run.meta, step=step, train_seconds=self.elapsed()))
+        if step not in self.eval_seconds:
+          self.evaluate(step, state)
     return preempted
 
   def eval_due(self, step: int) -> bool:
     return step % self.run.config.eval_every_steps == 0 or step == self.run.config.num_train_steps
 
   def evaluate(self, step: int, state: TrainState) -> None:
+    started = time.time()
     dev = evaluate(self.run, state.params)
+    self.eval_seconds[step] = time.time() - started
     self.run.writer.write(dict(step=step, **dev), prefix="eval")
     if jax.process_index() == 0:
       logging.info("step %d dev: %s", step, dev)
@@ -253,6 +275,44 @@ class Bookkeeping:
     if sharding.any_process(missing)[0]:  # Process 0 holds the metrics; all evaluate.
       logging.info("step %d had no dev evaluation; evaluating it now", step)
       self.evaluate(step, state)
+
+  def fix_step_count(self, step: int, state: TrainState) -> None:
+    """config.train_minutes: the most steps that fit, from the speed over the second half of
+    the steps so far (evaluations in it taken out) and the evaluations' mean time."""
+    config, half = self.run.config, step // 2
+    window_evals = sum(s for k, s in self.eval_seconds.items() if half <= k < step)
+    start = self.step_times.get(half, self.started)
+    seconds_per_step = max(self.step_times[step] - start - window_evals, 0.0) / (step - half)
+    seconds_per_eval = (sum(self.eval_seconds.values()) / len(self.eval_seconds)
+                        if self.eval_seconds else 0.0)
+    count = sharding.from_process_0(budget.steps_that_fit(
+        60 * config.train_minutes, self.elapsed(), step, seconds_per_step, seconds_per_eval,
+        config.eval_every_steps, config.num_train_steps))
+    decision = dict(step=step, num_train_steps=count, train_minutes=config.train_minutes,
+                    elapsed_s=round(self.elapsed(), 1),
+                    seconds_per_step=round(seconds_per_step, 4),
+                    seconds_per_eval=round(seconds_per_eval, 2))
+    if jax.process_index() == 0:
+      print(f"train_minutes={config.train_minutes:g}: {count} steps fit ({seconds_per_step:.3f} "
+            f"s a step, {seconds_per_eval:.1f} s an evaluation, {decision['elapsed_s']:.0f} s "
+            f"so far); num_train_steps set to {count}", flush=True)
+      with open(os.path.join(self.run.workdir, CONFIG_HISTORY), "a") as f:
+        f.write(json.dumps(dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), step=step,
+                                budget_decision=decision)) + "\n")
+    self.set_step_count(count, state)
+
+  def set_step_count(self, count: int, state: TrainState) -> None:
+    """Trains to `count` steps from here on; saved with each checkpoint, kept on resume."""
+    run = self.run
+    run.config.num_train_steps = count
+    run.meta["budgeted_steps"] = count
+    run.meta["config"]["num_train_steps"] = count
+    run.writer.total_steps = count
+    if run.config.schedule in USES_STEP_COUNT:  # The schedule is compiled into the step.
+      state_shardings = jax.tree.map(lambda x: x.sharding, state)
+      run.train_fn, _ = compile_steps(
+          functools.partial(run.task.loss_sums, run.model), make_optimizer(run.config),
+          make_schedule(run.config), run.config, run.mesh, state_shardings)
 
   def log(self, step: int, metrics: dict) -> None:
     now = time.time()
@@ -276,8 +336,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Tr
   books = Bookkeeping(run, start_step=int(state.step))
   previous_loss = None
   try:
+    kept = run.restored_meta.get("budgeted_steps")
+    if config.train_minutes > 0 and kept:
+      logging.info("train_minutes: the step count fixed before, %d, is kept", kept)
+      books.set_step_count(int(kept), state)
     books.evaluate_missed(state)
-    for step in range(books.start_step + 1, config.num_train_steps + 1):
+    step = books.start_step
+    while step < config.num_train_steps:  # A time budget may lower it (Bookkeeping).
+      step += 1
       batch = {k: v for k, v in next(train_iter).items() if k in task.batch_keys}
       state, metrics = run.train_fn(state, sharding.global_batch(batch, run.mesh))
       # Wait for the previous step while this one runs: the device stays busy, and the host

@@ -8,6 +8,8 @@ import optax
 from transformer_jax.errors import UserError
 
 SCHEDULES = ("paper", "linear_rsqrt", "linear_cosine")
+# Schedules whose values depend on config.num_train_steps (after the warm-up).
+USES_STEP_COUNT = ("linear_cosine",)
 
 
 def paper_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> optax.Schedule:
