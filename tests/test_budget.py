@@ -28,31 +28,42 @@ def test_steps_that_fit_the_budget():
 
 SIGTERM_AT_STEP = "tests/fault_tolerance/sigterm_at_step.py"
 BUDGET_FLAGS = ("--config.schedule=linear_cosine", "--config.learning_rate=2e-3",
-                "--config.warmup_steps=10", "--config.eval_every_steps=20",
-                "--config.checkpoint_every_steps=20")
+                "--config.warmup_steps=20", "--config.eval_every_steps=20",
+                "--config.checkpoint_every_steps=20", "--config.num_train_steps=100000",
+                "--config.train_minutes=1")
+
+
+def _sigterm_at(step: int, workdir, prepared) -> runner.Result:
+  stopped = runner.run([sys.executable, SIGTERM_AT_STEP, str(step), *runner.base_flags(prepared),
+                        f"--workdir={workdir}", *BUDGET_FLAGS])
+  assert stopped.returncode == 0 and f"SIGTERM: saved step {step}" in stopped.stderr, (
+      stopped.describe())
+  return stopped
 
 
 def test_a_budgeted_run_equals_one_started_with_the_count_it_chose(tmp_path):
-  """The count is fixed at step 5, inside the warm-up, where the cosine schedule does not
-  depend on it yet: the run's parameters and metrics equal those of a run told that count.
-  A SIGTERM at step 8 stops it; the rerun keeps the count (it is saved with the checkpoint)."""
-  prepared, flags = tmp_path / "prepared", (*BUDGET_FLAGS, "--config.num_train_steps=100000",
-                                            "--config.train_minutes=0.4")
-  stopped = runner.run([sys.executable, SIGTERM_AT_STEP, "8", *runner.base_flags(prepared),
-                        f"--workdir={tmp_path / 'budgeted'}", *flags])
-  assert stopped.returncode == 0 and "SIGTERM: saved step 8" in stopped.stderr, stopped.describe()
-  chosen = re.search(r"train_minutes=0.4: (\d+) steps fit", stopped.stdout)
-  assert chosen, stopped.describe()
+  """The count is due at step 10, halfway through the warm-up, where the cosine schedule does
+  not depend on it yet. A SIGTERM there leaves it to the rerun, which measures its own steps
+  and fixes it at step 16, still inside the warm-up; a SIGTERM at 20 stops that one, and the
+  third process keeps the count (saved with the checkpoint). Parameters and metrics equal a
+  run started with --config.num_train_steps=<the count>."""
+  prepared, workdir = tmp_path / "prepared", tmp_path / "budgeted"
+  first = _sigterm_at(10, workdir, prepared)
+  assert "steps fit" not in first.stdout, "fixed the count at the SIGTERM's step"
+  second = _sigterm_at(20, workdir, prepared)
+  chosen = re.search(r"train_minutes=1: (\d+) steps fit", second.stdout)
+  assert chosen, second.describe()
   count = int(chosen.group(1))
-  assert 8 < count < 100_000
-  rerun = runner.train_ok(tmp_path / "budgeted", prepared, *flags)
-  assert f"the step count fixed before, {count}, is kept" in rerun.stderr, rerun.describe()
-  history = [json.loads(line) for line in
-             (tmp_path / "budgeted" / "config_history.jsonl").read_text().splitlines()]
+  assert 20 < count < 100_000
+  third = runner.train_ok(workdir, prepared, *BUDGET_FLAGS)
+  assert f"the step count fixed before, {count}, is kept" in third.stderr, third.describe()
+  assert "steps fit" not in third.stdout
+  history = [json.loads(line) for line in (workdir / "config_history.jsonl").read_text().splitlines()]
   decisions = [row["budget_decision"] for row in history if "budget_decision" in row]
-  assert [(d["step"], d["num_train_steps"]) for d in decisions] == [(5, count)]  # Taken once.
-  assert runner.checkpoint_steps(tmp_path / "budgeted")[-1] == count
+  assert [(d["step"], d["num_train_steps"]) for d in decisions] == [(16, count)]  # Once.
+  assert runner.checkpoint_steps(workdir)[-1] == count
 
-  runner.train_ok(tmp_path / "told", prepared, *BUDGET_FLAGS, f"--config.num_train_steps={count}")
-  runner.assert_states_bitwise_equal(tmp_path / "budgeted", tmp_path / "told")
-  runner.assert_same_metrics(tmp_path / "budgeted", tmp_path / "told")
+  told = tmp_path / "told"
+  runner.train_ok(told, prepared, *BUDGET_FLAGS[:-2], f"--config.num_train_steps={count}")
+  runner.assert_states_bitwise_equal(workdir, told)
+  runner.assert_same_metrics(workdir, told)

@@ -168,6 +168,12 @@ def test_eval_pads_a_pair_training_could_see_to_at_most_max_len():
     if (real <= 40).all():
       assert length <= 40, f"pairs of at most 40 tokens padded to {length}"
   assert {length for length, _ in plan} >= {40, 64}
+  # Pairs left over in the 40 bucket must not be carried into the 64 one.
+  near = batching.TokenizedSplit.from_lists(
+      [[5] * (33 + i % 8 - 1) + [EOS_ID] for i in range(57)],
+      [[6] * (33 + i % 8 - 1) + [EOS_ID] for i in range(57)])
+  lengths = [length for length, rows in batching.eval_plan(near, (8, 16, 32, 64), 512, 2, 40)]
+  assert lengths and max(lengths) == 40, lengths
 
 
 def test_bad_sharding_and_budget_are_user_errors():

@@ -386,10 +386,16 @@ def eval_plan(split: TokenizedSplit, boundaries: Sequence[int], tokens_per_batch
   if len(scored) == 0:
     return []
   bounds = eval_boundaries(boundaries, int(lengths[scored].max()), max_len)
-  rows = [max(batch_multiple, (tokens_per_batch // b) // batch_multiple * batch_multiple)
-          for b in bounds]
   order = scored[np.argsort(lengths[scored], kind="stable")]
-  return bucket_plan(order, lengths, bounds, rows)
+  split_at = max_len or bounds[-1]  # Pairs within max_len never join a longer bucket.
+  plan = []
+  for part, part_bounds in ((order[lengths[order] <= split_at], [b for b in bounds if b <= split_at]),
+                            (order[lengths[order] > split_at], [b for b in bounds if b > split_at])):
+    if len(part):
+      rows = [max(batch_multiple, (tokens_per_batch // b) // batch_multiple * batch_multiple)
+              for b in part_bounds]
+      plan += bucket_plan(part, lengths, part_bounds, rows)
+  return plan
 
 
 def eval_batch(split: TokenizedSplit, length: int, idx: np.ndarray) -> dict[str, np.ndarray]:

@@ -311,6 +311,10 @@ def one_preparer(tfds_dir: Path) -> Iterator[None]:
     except BlockingIOError:
       logging.info("waiting for another process preparing datasets in %s", tfds_dir)
       fcntl.flock(handle, fcntl.LOCK_EX)
+    except OSError as e:  # A file system without locks (some network mounts).
+      logging.warning("cannot lock %s (%s); preparing without a lock", tfds_dir, e.strerror)
+      yield
+      return
     try:
       yield
     finally:

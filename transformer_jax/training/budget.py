@@ -2,14 +2,18 @@
 
 A 60-minute recipe fixed in steps overruns on a slower host and stops short on a faster
 one (the same kind of machine varies by a fifth here). With `train_minutes > 0` the loop
-measures its own speed and, once, at `decision_step`, sets `num_train_steps` to the most
-steps that fit the budget (never more than the configured count). The decision comes
-halfway through the warm-up, where no schedule's values yet depend on the step count, so
-the run equals one started with `--config.num_train_steps=<the count chosen>`; the count is
-saved with every later checkpoint and a resumed run keeps it.
+measures its own speed and, once, at `decision_step` (halfway through the warm-up), sets
+`num_train_steps` to the most steps that fit the budget, never more than the configured
+count. Before the end of the warm-up no schedule's values depend on the step count, so the
+run equals one started with `--config.num_train_steps=<the count chosen>`. The count is
+saved with the checkpoint of the step that fixed it and every later one, and a resumed run
+keeps it; a run stopped at or before `decision_step` without it fixes it a few measured
+steps after resuming (`Bookkeeping.budget_decision_due`), and the time of earlier
+processes counts (`train_seconds` in each checkpoint).
 
-The budget covers the training loop: compiling, steps, evaluations and checkpoints; not
-the final report after it.
+The budget covers the training loop: compiling, steps, evaluations (one is timed at the
+decision if none ran yet) and checkpoints; not preparing data before it, nor the final
+report after it.
 """
 
 from __future__ import annotations

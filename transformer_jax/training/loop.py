@@ -214,12 +214,15 @@ class Bookkeeping:
     """Logs, checks, saves and evaluates as due after `step`; True if preempted (saved)."""
     config = self.run.config
     self.step_times[step] = time.time()
-    is_last = step == config.num_train_steps
     # Read once: a SIGTERM from here on waits a step. Every host must take the
     # same decision (a save is collective): a signal or a timer on any host counts.
     preempted, save_timer_due = sharding.any_process(
         self.preemption.requested,
         time.time() - self.last_save_time > 60 * config.checkpoint_every_minutes)
+    evaluated = False
+    if not preempted and self.budget_decision_due(step):  # Before this step's save.
+      evaluated = self.fix_step_count(step, state)
+    is_last = step == config.num_train_steps
     checkpoint_due = (step % config.checkpoint_every_steps == 0 or save_timer_due or preempted
                       or is_last)
     log_due = step % config.log_every_steps == 0 or is_last
@@ -243,18 +246,19 @@ class Bookkeeping:
       self.last_saved_step, self.last_save_time = step, time.time()
     # After a SIGTERM the save must finish within the grace period: the resumed run
     # evaluates this step instead (`evaluate_missed`).
-    if self.eval_due(step) and not preempted:
+    if self.eval_due(step) and not preempted and not evaluated:
       self.evaluate(step, state)
-    if (config.train_minutes > 0 and step == budget.decision_step(config) and not preempted
-        and "budgeted_steps" not in self.run.meta):
-      self.fix_step_count(step, state)
-      if step == config.num_train_steps:  # The budget is spent already: this step is the last.
-        if not checkpoint_due:
-          checkpoints.save(self.run.manager, step, state, train_iter.get_state(),
-                           dict(self.run.meta, step=step, train_seconds=self.elapsed()))
-        if step not in self.eval_seconds:
-          self.evaluate(step, state)
     return preempted
+
+  def budget_decision_due(self, step: int) -> bool:
+    """config.train_minutes: the count is fixed at the first step from `decision_step` on
+    with a few steps of this process measured after its first (which compiles)."""
+    config = self.run.config
+    if config.train_minutes <= 0 or "budgeted_steps" in self.run.meta:
+      return False
+    decision = budget.decision_step(config)
+    measured = step - max(decision // 2, self.start_step + 1)
+    return step >= decision and measured >= min(10, max(decision - decision // 2, 1))
 
   def eval_due(self, step: int) -> bool:
     return step % self.run.config.eval_every_steps == 0 or step == self.run.config.num_train_steps
@@ -272,26 +276,40 @@ class Bookkeeping:
     stopped by SIGTERM there (which saves, then skips the evaluation), or killed during it."""
     step = self.start_step
     missing = step > 0 and self.eval_due(step) and not self.run.writer.has_row(step, "eval")
-    if sharding.any_process(missing)[0]:  # Process 0 holds the metrics; all evaluate.
+    if sharding.from_process_0(missing):  # Process 0 holds the metrics; all evaluate.
       logging.info("step %d had no dev evaluation; evaluating it now", step)
       self.evaluate(step, state)
 
-  def fix_step_count(self, step: int, state: TrainState) -> None:
-    """config.train_minutes: the most steps that fit, from the speed over the second half of
-    the steps so far (evaluations in it taken out) and the evaluations' mean time."""
-    config, half = self.run.config, step // 2
-    window_evals = sum(s for k, s in self.eval_seconds.items() if half <= k < step)
-    start = self.step_times.get(half, self.started)
-    seconds_per_step = max(self.step_times[step] - start - window_evals, 0.0) / (step - half)
-    seconds_per_eval = (sum(self.eval_seconds.values()) / len(self.eval_seconds)
-                        if self.eval_seconds else 0.0)
+  def fix_step_count(self, step: int, state: TrainState) -> bool:
+    """config.train_minutes: the most steps that fit, from the speed over the steps measured so
+    far (from halfway to here, or from this process's second step; evaluations taken out),
+    the evaluations' mean time (this step's evaluation is run now if none was timed yet), and
+    the recompile a schedule that depends on the count needs. True if it evaluated `step`."""
+    config = self.run.config
+    evaluated = False
+    if not self.eval_seconds:
+      if self.eval_due(step):
+        self.evaluate(step, state)
+        evaluated = True
+      else:  # Timed only: a row here would not be in a run told the count.
+        started = time.time()
+        evaluate(self.run, state.params)
+        self.eval_seconds[-1] = time.time() - started
+    first = max(budget.decision_step(config) // 2, self.start_step + 1)
+    window_evals = sum(s for k, s in self.eval_seconds.items() if first <= k < step)
+    seconds_per_step = (max(self.step_times[step] - self.step_times[first] - window_evals, 0.0)
+                        / (step - first))
+    seconds_per_eval = sum(self.eval_seconds.values()) / len(self.eval_seconds)
+    # The first step of this process compiled it; a count-dependent schedule compiles again.
+    recompile = (self.step_times[self.start_step + 1] - self.started
+                 if config.schedule in USES_STEP_COUNT else 0.0)
     count = sharding.from_process_0(budget.steps_that_fit(
-        60 * config.train_minutes, self.elapsed(), step, seconds_per_step, seconds_per_eval,
-        config.eval_every_steps, config.num_train_steps))
+        60 * config.train_minutes, self.elapsed() + recompile, step, seconds_per_step,
+        seconds_per_eval, config.eval_every_steps, config.num_train_steps))
     decision = dict(step=step, num_train_steps=count, train_minutes=config.train_minutes,
                     elapsed_s=round(self.elapsed(), 1),
                     seconds_per_step=round(seconds_per_step, 4),
-                    seconds_per_eval=round(seconds_per_eval, 2))
+                    seconds_per_eval=round(seconds_per_eval, 2), recompile_s=round(recompile, 1))
     if jax.process_index() == 0:
       print(f"train_minutes={config.train_minutes:g}: {count} steps fit ({seconds_per_step:.3f} "
             f"s a step, {seconds_per_eval:.1f} s an evaluation, {decision['elapsed_s']:.0f} s "
@@ -300,6 +318,7 @@ class Bookkeeping:
         f.write(json.dumps(dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), step=step,
                                 budget_decision=decision)) + "\n")
     self.set_step_count(count, state)
+    return evaluated
 
   def set_step_count(self, count: int, state: TrainState) -> None:
     """Trains to `count` steps from here on; saved with each checkpoint, kept on resume."""
