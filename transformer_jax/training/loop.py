@@ -257,8 +257,13 @@ class Bookkeeping:
     if config.train_minutes <= 0 or "budgeted_steps" in self.run.meta:
       return False
     decision = budget.decision_step(config)
-    measured = step - max(decision // 2, self.start_step + 1)
+    measured = step - self.budget_window_start()
     return step >= decision and measured >= min(10, max(decision - decision // 2, 1))
+
+  def budget_window_start(self) -> int:
+    """The first step whose time the budget's speed is measured from: halfway to the decision
+    step, or this process's first step (which compiled) if it resumed later."""
+    return max(budget.decision_step(self.run.config) // 2, self.start_step + 1)
 
   def eval_due(self, step: int) -> bool:
     return step % self.run.config.eval_every_steps == 0 or step == self.run.config.num_train_steps
@@ -295,7 +300,7 @@ class Bookkeeping:
         started = time.time()
         evaluate(self.run, state.params)
         self.eval_seconds[-1] = time.time() - started
-    first = max(budget.decision_step(config) // 2, self.start_step + 1)
+    first = self.budget_window_start()
     window_evals = sum(s for k, s in self.eval_seconds.items() if first <= k < step)
     seconds_per_step = (max(self.step_times[step] - self.step_times[first] - window_evals, 0.0)
                         / (step - first))
