@@ -76,13 +76,44 @@ def device_info() -> Result:
   return dict(platform=device.platform, device_kind=device.device_kind,
               devices=jax.device_count(), jax=jax.__version__,
               host_cpus=os.cpu_count(), host_cpu=cpu_model(),
+              # Hosts sharing a model name differ: the family/model/stepping numbers and the
+              # last-level cache tell them apart (CTranslate2's speed moved 20 % between two).
+              host_cpu_id=cpu_id(), host_l3_cache=last_level_cache(),
               # The vector and matrix extensions that decide CPU matmul speed.
               host_cpu_flags=sorted(f for f in cpu_flags() if f in SPEED_FLAGS),
               xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
-SPEED_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
-               "amx_int8", "amx_tile"}
+SPEED_FLAGS = {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
+               "amx_bf16", "amx_int8", "amx_tile", "amx_fp16"}
+
+
+def cpu_id() -> str:
+  """"family F model M stepping S" of the first CPU in /proc/cpuinfo ("" if unreadable)."""
+  fields = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if not line.strip():
+          break
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+  except OSError:
+    return ""
+  return " ".join(f"{name} {fields[key]}" for name, key in
+                  (("family", "cpu family"), ("model", "model"), ("stepping", "stepping"))
+                  if key in fields)
+
+
+def last_level_cache() -> str:
+  """The size of CPU 0's last cache level as sysfs states it (e.g. "480M"), or ""."""
+  folder = "/sys/devices/system/cpu/cpu0/cache"
+  try:
+    levels = sorted((int(open(f"{folder}/{index}/level").read()), index)
+                    for index in os.listdir(folder) if index.startswith("index"))
+    return open(f"{folder}/{levels[-1][1]}/size").read().strip()
+  except (OSError, ValueError, IndexError):
+    return ""
 
 
 def cpu_model() -> str:

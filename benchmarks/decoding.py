@@ -2,7 +2,8 @@
 
   python benchmarks/decoding.py --config=experiments/configs/wmt14_base.py --beam_size=4 \
       --batch_size=64 --src_len=32 --decode_steps=40 --vocab_size=32000 --json \
-      [--compare=marian|ctranslate2] [--growing_cache] [--profile_dir=DIR]
+      [--compare=marian|ctranslate2] [--growing_cache] [--profile_dir=DIR] \
+      [--shared_beam_cache] [--pair_shared_cache]
 
 `Translator` with random weights on synthetic sources; every sentence decodes exactly
 --decode_steps tokens (EOS ignored), so the work is the same on both sides.
@@ -12,10 +13,13 @@
 model: these very weights, written by `transformer_jax.export` (whose outputs
 tests/test_export.py checks against ours), in each of --ct2_compute_types, the
 same source tokens and fixed work (min_decoding_length = max_decoding_length).
+--pair_shared_cache times beam search with the other `shared_beam_cache` setting
+too, alternating with ours before any comparison (`other_cache` in the row).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -41,6 +45,10 @@ flags.DEFINE_list("ct2_compute_types", ["float32", "int8"],
                   "--compare=ctranslate2: CTranslate2 compute types to time.")
 flags.DEFINE_enum("quantize", "", ["", "int8"], "Our weight matmuls in int8 "
                   "(DecodeOptions.quantize); CTranslate2 gets the float32 weights either way.")
+flags.DEFINE_bool("shared_beam_cache", None, "Beam search over one self-attention cache row a "
+                  "sentence (DecodeOptions.shared_beam_cache); unset: the package's default.")
+flags.DEFINE_bool("pair_shared_cache", False, "Also time beam search with the other "
+                  "--shared_beam_cache setting, alternating with ours.")
 
 Result = common.Result
 
@@ -51,7 +59,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   from flax import linen as nn
 
   from transformer_jax import sharding
-  from transformer_jax.decode.translator import DecodeOptions, Translator
+  from transformer_jax.decode.translator import DecodeOptions, Translator, shares_beam_cache
   from transformer_jax.errors import UserError
   from transformer_jax.model.info import parameter_counts
   from transformer_jax.tasks.translation import TranslationTask
@@ -79,7 +87,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   for method, beam_size in methods:
     options = DecodeOptions(method=method, beam_size=beam_size, ignore_eos=True,
                             max_extra_len=FLAGS.decode_steps - FLAGS.src_len,
-                            growing_cache=FLAGS.growing_cache, quantize=FLAGS.quantize)
+                            growing_cache=FLAGS.growing_cache, quantize=FLAGS.quantize,
+                            shared_beam_cache=FLAGS.shared_beam_cache)
     translator = Translator(model, params, mesh, options)
     start = time.perf_counter()
     out = translator(src)
@@ -87,6 +96,18 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
     if out.shape != (FLAGS.batch_size, FLAGS.decode_steps):
       raise RuntimeError(f"decoded shape {out.shape}, expected "
                          f"{(FLAGS.batch_size, FLAGS.decode_steps)}")
+    shared = shares_beam_cache(translator.model, options)
+    other_cache = None
+    if FLAGS.pair_shared_cache and method == "beam":
+      other = Translator(model, params, mesh,
+                         dataclasses.replace(options, shared_beam_cache=not shared))
+      other(src)  # Compiles.
+      ours_s, other_s = alternate(lambda: translator(src), lambda: other(src),
+                                  FLAGS.decode_repeats)
+      other_cache = dict(shared_beam_cache=not shared, times_s=other_s,
+                         sentences_per_s=FLAGS.batch_size / statistics.median(other_s),
+                         ours_times_s=ours_s,
+                         ours_over_other=statistics.median(other_s) / statistics.median(ours_s))
     if paired:
       generate = generators[method][1]
       start = time.perf_counter()
@@ -123,8 +144,11 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
         first_call_s=first_s,  # Compiling + one run: on a loaded host the difference is noise.
         growing_cache=options.grows_cache,
         shrink_batch=options.shrink_batch,  # Fixed work (EOS ignored, equal lengths): no effect.
+        shared_beam_cache=shared,
         distinct_tokens=int(len(np.unique(out))),
     )
+    if other_cache:
+      runs[method]["other_cache"] = other_cache
   memory, memory_source = common.peak_memory()
   main = runs["beam" if FLAGS.beam_size > 1 else "greedy"]
   result = dict(
@@ -216,7 +240,14 @@ def table(result: Result) -> list[tuple[str, str]]:
     rows.append((f"{method} (beam {run['beam_size']})",
                  f"{run['sentences_per_s']:.2f} sentences/s, {run['tokens_per_s']:.1f} "
                  f"tokens/s, {run['seconds']:.2f} s/batch (best {run['best_s']:.2f}), "
-                 f"first call {run['first_call_s']:.1f} s"))
+                 f"first call {run['first_call_s']:.1f} s"
+                 + ("" if run["beam_size"] == 1 else
+                    f"; {'shared' if run.get('shared_beam_cache') else 'reordered'} beam cache")))
+    other = run.get("other_cache")
+    if other:
+      rows.append((f"  {'shared' if other['shared_beam_cache'] else 'reordered'} beam cache",
+                   f"{other['sentences_per_s']:.2f} sentences/s; ours / it "
+                   f"{other['ours_over_other']:.3f}× (median, paired)"))
     marian = result.get("marian", {}).get("methods", {}).get(method)
     if marian:
       rows.append((f"  Marian {method}",

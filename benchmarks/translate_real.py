@@ -56,6 +56,11 @@ flags.DEFINE_bool("shrink_batch", False, "Our search goes on in smaller batches 
                   "itself.")
 flags.DEFINE_bool("pair_shrink", False, "Time our search with the other --shrink_batch setting "
                   "too, in the same rounds (engine jax_shrinking or jax_whole_batch).")
+flags.DEFINE_bool("shared_beam_cache", None, "Beam search over one self-attention cache row a "
+                  "sentence (DecodeOptions.shared_beam_cache); unset: the package's default.")
+flags.DEFINE_bool("pair_shared_cache", False, "Time beam search with the other "
+                  "--shared_beam_cache setting too, in the same rounds (engine "
+                  "jax_shared_cache or jax_reordered_cache).")
 
 Result = common.Result
 
@@ -64,7 +69,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   import ctranslate2
 
   from transformer_jax.decode.translator import (DecodeOptions, default_tokens_per_batch,
-                                                 for_decoding, translate_lines)
+                                                 for_decoding, shares_beam_cache, translate_lines)
   from transformer_jax.interop.ctranslate2_export import export_ctranslate2
   from transformer_jax.data.pipeline import references_kind
   from transformer_jax.metrics.bleu import all_scores
@@ -79,7 +84,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                           beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                           max_extra_len=FLAGS.max_extra_len, stop_rule=FLAGS.beam_stop,
                           quantize=FLAGS.quantize, matmul_dtype=FLAGS.matmul_dtype,
-                          shrink_batch=FLAGS.shrink_batch)
+                          shrink_batch=FLAGS.shrink_batch,
+                          shared_beam_cache=FLAGS.shared_beam_cache)
   directory = tempfile.mkdtemp(prefix="ct2_real_")
   export_ctranslate2(run, directory)
   engines = {compute_type: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
@@ -103,6 +109,10 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   if FLAGS.pair_shrink:
     other = dataclasses.replace(options, shrink_batch=not options.shrink_batch)
     calls["jax_shrinking" if other.shrink_batch else "jax_whole_batch"] = lambda: ours(other)
+  shared = shares_beam_cache(run.model, options)
+  if FLAGS.pair_shared_cache and options.method == "beam":
+    other_cache = dataclasses.replace(options, shared_beam_cache=not shared)
+    calls["jax_reordered_cache" if shared else "jax_shared_cache"] = lambda: ours(other_cache)
   calls.update({f"ct2_{t}": (lambda e=e: theirs(e)) for t, e in engines.items()})
   outputs, first_call_s = {}, {}
   for name, call in calls.items():  # Warm-up: compiles, caches.
@@ -135,7 +145,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                 beam_stop=FLAGS.beam_stop if FLAGS.beam_size > 1 else None,
                 quantize=FLAGS.quantize or None,
                 matmul_dtype=for_decoding(run.model, options).config.matmul_dtype,
-                shrink_batch=options.shrink_batch,
+                shrink_batch=options.shrink_batch, shared_beam_cache=shared,
                 tokens_per_batch=FLAGS.tokens_per_batch or default_tokens_per_batch(),
                 ctranslate2_version=ctranslate2.__version__, engines=engines_result,
                 compare_mode="paired")

@@ -154,6 +154,98 @@ def test_sampling_refuses_a_shrinking_batch():
     translator.DecodeOptions(method="sample", shrink_batch=True)
 
 
+def _nine_sentences() -> np.ndarray:
+  """Nine sources of 2 to 10 tokens (EOS-terminated), so their searches stop at different steps."""
+  rng = np.random.default_rng(0)
+  src = np.zeros((9, 10), np.int32)
+  for row, length in enumerate(rng.permutation(np.arange(2, 11))):
+    src[row, :length - 1] = rng.integers(4, 64, size=length - 1)
+    src[row, length - 1] = EOS_ID
+  return src
+
+
+@pytest.mark.parametrize("matmul_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("growing,shrink", [(False, False), (True, False), (True, True)])
+def test_beams_sharing_one_self_attention_cache_find_the_beams_of_reordered_caches(
+    tiny_model_config, matmul_dtype, growing, shrink):
+  """A shared beam cache (one row a sentence, a slot a beam, masks that follow each beam's
+  parents) decodes the tokens of caches reordered every step, over a growing cache and a
+  shrinking batch, in both operand dtypes; the beams do change parents."""
+  import dataclasses
+
+  src = jnp.asarray(_nine_sentences())
+  model = Transformer(tiny_model_config)
+  model = model.clone(config=dataclasses.replace(model.config, matmul_dtype=matmul_dtype))
+  # Doubled weights: peaked distributions, so beams diverge and cross over.
+  params = jax.tree.map(lambda w: 2 * w, jax.jit(model.init)(jax.random.key(1), src, src)["params"])
+  outputs = {}
+  for shared in (False, True):
+    options = translator.DecodeOptions(beam_size=4, alpha=0.6, max_extra_len=40, min_length=0,
+                                       growing_cache=growing, shrink_batch=shrink,
+                                       shared_beam_cache=shared)
+    outputs[shared] = np.asarray(jax.jit(
+        lambda p: translator.decode_batch(model, p, src, options, 50))(params))
+  np.testing.assert_array_equal(outputs[True], outputs[False])
+  lengths = (outputs[False] != 0).sum(-1)
+  assert len(set(lengths.tolist())) >= 4 and lengths.max() > 32, lengths
+
+
+def test_a_shared_beam_cache_keeps_every_beam_and_its_score(model_and_params):
+  """All beams and their scores, 40 steps over caches of 16, 32 and 40 positions: equal to
+  the reordering search's (scores to float rounding: the attention sums in another order).
+  The best beams' histories came from other beams' slots, so a mask that ignored the
+  parents would differ."""
+  from transformer_jax.decode import search
+
+  model, params = model_and_params
+
+  @functools.partial(jax.jit, static_argnums=1)
+  def beams(params, shared):
+    encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
+    cache, sentence_cache = kv_cache.split_cache(
+        kv_cache.init_cache(model, params, encoded, SRC, 16))
+    step = kv_cache.sentence_step_logits(model, params)
+    return search.beam_search(step, cache, SRC.shape[0], 4, 0.6, max_decode_len=40,
+                              ignore_eos=True, cache_lengths=(16, 32, 40),
+                              grow_cache=kv_cache.grow_cache, sentences=(SRC, sentence_cache),
+                              shared_cache=shared)
+
+  shared, reordered = beams(params, True), beams(params, False)
+  np.testing.assert_array_equal(np.asarray(shared[0]), np.asarray(reordered[0]))
+  np.testing.assert_allclose(np.asarray(shared[1]), np.asarray(reordered[1]), rtol=1e-5)
+  # Different beams at the end share early tokens and part later: parents were changed.
+  sequences = np.asarray(shared[0])
+  assert ((sequences[:, 0, :5] == sequences[:, 1, :5]).all(-1)
+          & (sequences[:, 0] != sequences[:, 1]).any(-1)).any()
+
+
+def test_shared_beam_mask_follows_each_beams_slots():
+  """Position p of beam q is read from slot beam_slots[q, p], up to the step's position."""
+  beam_slots = jnp.array([[[0, 1, 1, 0], [0, 0, 1, 1]]])  # [batch 1, beam 2, 4 positions]
+  mask = np.asarray(kv_cache.shared_beam_mask(beam_slots, jnp.int32(2), 8).explicit)
+  assert mask.shape == (1, 1, 2, 8)
+  # Slot p·2 + s: beam 0 reads (p0 s0), (p1 s1), (p2 s1); beam 1 (p0 s0), (p1 s0), (p2 s1).
+  np.testing.assert_array_equal(mask[0, 0, 0], [1, 0, 0, 1, 0, 1, 0, 0])
+  np.testing.assert_array_equal(mask[0, 0, 1], [1, 0, 1, 0, 0, 1, 0, 0])
+
+
+def test_a_prefix_lm_refuses_a_shared_beam_cache(tiny_model_config):
+  from transformer_jax.decode.ensemble import Ensemble
+  from transformer_jax.errors import UserError
+  from transformer_jax.model.decoder_only import DecoderOnly
+
+  options = translator.DecodeOptions(shared_beam_cache=True)
+  assert translator.shares_beam_cache(Transformer(tiny_model_config), options)
+  with pytest.raises(UserError, match="encoder-decoder"):
+    translator.shares_beam_cache(
+        Ensemble((Transformer(tiny_model_config), DecoderOnly(tiny_model_config))), options)
+  default = translator.DecodeOptions()
+  assert translator.shares_beam_cache(Transformer(tiny_model_config), default)
+  assert not translator.shares_beam_cache(DecoderOnly(tiny_model_config), default)
+  assert not translator.shares_beam_cache(Transformer(tiny_model_config),
+                                          translator.DecodeOptions(method="greedy"))
+
+
 def test_growing_cache_keeps_beam_scores(model_and_params):
   """Beam scores (log P / lp) of every beam, not only the best tokens, are the same."""
   from transformer_jax.decode import search

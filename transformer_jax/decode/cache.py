@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from transformer_jax.decode import search
+from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.transformer import Transformer
 
 Array = jax.Array
@@ -69,6 +70,33 @@ def _map_self_attention(cache, fn) -> dict:
        for path, value in flat.items()})
 
 
+def self_attention_slots(cache) -> int:
+  """The slots of the cache's self-attention keys (positions × beams for a shared cache)."""
+  flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
+  return next(value.shape[2] for path, value in flat.items() if path[-1] == "cached_key")
+
+
+def shared_beam_mask(beam_slots: Array, step: Array, num_slots: int) -> AttentionMask:
+  """The self-attention mask of a step whose beams share one cache row a sentence.
+
+  Args:
+    beam_slots: int32[batch, beam, >= num_slots / beam]: the beam slot that holds the
+      key/value of position p of alive beam q's history (search.beam_search with
+      `shared_cache`); this step's own position `step` holds q.
+    step: the position this step writes.
+    num_slots: the cache's slots, positions × beam (slot p·beam + s: position p of slot s).
+
+  Returns:
+    An explicit mask bool[batch, 1, beam, num_slots]: beam q sees slot p·beam + s where
+    p <= step and beam_slots[:, q, p] == s.
+  """
+  batch, beam = beam_slots.shape[:2]
+  positions = num_slots // beam
+  slots = beam_slots[:, :, :positions]
+  visible = (slots[..., None] == jnp.arange(beam)) & (jnp.arange(positions) <= step)[:, None]
+  return AttentionMask.from_dense(visible.reshape(batch, 1, beam, positions * beam))
+
+
 def split_cache(cache) -> tuple[dict, dict]:
   """(per-row entries the search reorders, per-sentence entries it never touches)."""
   flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
@@ -94,11 +122,16 @@ def sentence_step_logits(model: Transformer, params) -> search.TokensToLogits:
   """`step_logits` with the sentences' inputs as the search's `sentences` argument:
   (tokens [n, 1], cache, step, (src_tokens, sentence_cache)) -> (logits, cache), so a
   shrinking search shrinks them with its batch. `sentence_cache` may be None (the
-  cross-attention entries are then in `cache`)."""
+  cross-attention entries are then in `cache`). With a fifth argument, `beam_slots`,
+  the self-attention cache holds one row a sentence, shared by its beams
+  (`shared_beam_mask`)."""
 
-  def tokens_to_logits(tokens, cache, step, sentences):
+  def tokens_to_logits(tokens, cache, step, sentences, beam_slots=None):
     src_tokens, sentence_cache = sentences
     positions = jnp.full(tokens.shape, step, jnp.int32)
+    self_mask = None
+    if beam_slots is not None:
+      self_mask = shared_beam_mask(beam_slots, step, self_attention_slots(cache))
     full_cache = cache
     if sentence_cache is not None:
       full_cache = traverse_util.unflatten_dict(
@@ -106,7 +139,8 @@ def sentence_step_logits(model: Transformer, params) -> search.TokensToLogits:
       )
     logits, variables = model.apply(
         {"params": params, "cache": full_cache}, None, src_tokens, tokens,
-        target_positions=positions, decode=True, mutable=["cache"], method=Transformer.decode,
+        target_positions=positions, decode=True, decode_self_mask=self_mask, mutable=["cache"],
+        method=Transformer.decode,
     )
     new_cache = variables["cache"]
     if sentence_cache is not None:

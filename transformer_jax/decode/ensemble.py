@@ -47,14 +47,15 @@ def average_step(steps: Sequence[search.TokensToLogits]) -> search.TokensToLogit
   """One search step over the members' steps: (tokens [n, 1], caches, t, sentences) ->
   (log of the members' mean next-token probability, float32[n, vocab], new caches).
 
-  `caches` and `sentences` are tuples with one entry per member, in its own layout.
+  `caches` and `sentences` are tuples with one entry per member, in its own layout; a
+  shared beam cache's `beam_slots` (search.beam_search) go to every member.
   """
   log_members = math.log(len(steps))
 
-  def step(tokens, caches, t, sentences):
+  def step(tokens, caches, t, sentences, *beam_slots):
     logprobs, new_caches = [], []
     for member_step, cache, member_sentences in zip(steps, caches, sentences):
-      logits, cache = member_step(tokens, cache, t, member_sentences)
+      logits, cache = member_step(tokens, cache, t, member_sentences, *beam_slots)
       logprobs.append(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
       new_caches.append(cache)
     return jax.nn.logsumexp(jnp.stack(logprobs), axis=0) - log_members, tuple(new_caches)

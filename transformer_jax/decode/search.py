@@ -159,7 +159,7 @@ def _with_sentences(tokens_to_logits: Callable, sentences: PyTree,
                      "a step closing over them would read other sentences' once the batch "
                      "shrinks")
   if sentences is None:
-    return lambda tokens, cache, step, _: tokens_to_logits(tokens, cache, step)
+    return lambda tokens, cache, step, _, *rest: tokens_to_logits(tokens, cache, step, *rest)
   return tokens_to_logits
 
 
@@ -340,7 +340,10 @@ class _BeamState(NamedTuple):
   done: jax.Array  # bool[batch]: the sentence's beams are final.
   max_lengths: jax.Array  # int32[batch]: most tokens, EOS included.
   sentences: PyTree  # leaves [batch, ...]: the step's per-sentence inputs.
-  cache: PyTree  # leaves [batch*beam, ...], row b*beam + k for alive beam k.
+  cache: PyTree  # leaves [batch*beam, ...], row b*beam + k for alive beam k (shared: [batch, ...]).
+  # A shared cache: int32[batch, beam, max_decode_len], the beam slot holding position p of
+  # alive beam k's history; None otherwise.
+  beam_slots: jax.Array | None
 
 
 def beam_search(tokens_to_logits: TokensToLogits,
@@ -359,13 +362,14 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 finish_rule: str = "t2t",
                 stop_rule: str = "exact",
                 sentences: PyTree = None,
-                shrink_batch: bool = False) -> tuple[jax.Array, jax.Array]:
+                shrink_batch: bool = False,
+                shared_cache: bool = False) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty (paper §6.1), best first.
 
   Each step extends the alive beams, keeps the 2*beam best candidates, moves
   those ending in EOS to the finished set (scored log P / lp(length)) and
   keeps the `beam_size` best others alive, gathering the cache rows of
-  their parent beams.
+  their parent beams (or, with `shared_cache`, only their slot tables).
 
   Args:
     tokens_to_logits: the model step (see module docstring).
@@ -406,6 +410,15 @@ def beam_search(tokens_to_logits: TokensToLogits,
     sentences: the step's per-sentence inputs (module docstring).
     shrink_batch: go on with the undecided sentences only, in smaller
       batches, as sentences stop (module docstring). Same results.
+    shared_cache: the beams of a sentence share one cache row, and nothing
+      is reordered when they change parents: the cache holds beam_size slots
+      a position, each beam writes its own, and the step is called as
+      `tokens_to_logits(tokens, cache, step, sentences, beam_slots)` with
+      beam_slots int32[batch, beam, max_decode_len], the slot holding
+      position p of each alive beam's history (cache.shared_beam_mask turns
+      it into the attention mask). `cache` then has `batch` rows, and
+      `grow_cache(cache, n)` (required) is called with n = length × beam_size
+      slots. The results equal the reordering search's up to float rounding.
 
   Returns:
     sequences: int32[batch, beam, max_decode_len], tokens after EOS are PAD.
@@ -422,8 +435,19 @@ def beam_search(tokens_to_logits: TokensToLogits,
   max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
   rows = batch_size * beam_size
   step_fn = _with_sentences(tokens_to_logits, sentences, shrink_batch)
+  if shared_cache:
+    if grow_cache is None:
+      raise ValueError("shared_cache=True needs grow_cache to give the cache beam_size slots "
+                       "a position")
+    cache_lengths = tuple(cache_lengths) or (max_decode_len,)
+    grow_positions = grow_cache
+    grow_cache = lambda cache, length: grow_positions(cache, length * beam_size)
 
   def expand(x):
+    if shared_cache:
+      if jnp.ndim(x) != 0 and x.shape[0] != batch_size:
+        raise ValueError(f"a shared cache leaf has shape {x.shape}, not batch={batch_size} rows")
+      return x
     if jnp.ndim(x) == 0 or x.shape[0] == rows:
       return x
     if x.shape[0] == batch_size:
@@ -444,7 +468,9 @@ def beam_search(tokens_to_logits: TokensToLogits,
       done=max_lengths <= 0,
       max_lengths=max_lengths,
       sentences=sentences,
-      cache=jax.tree_util.tree_map(expand, cache))
+      cache=jax.tree_util.tree_map(expand, cache),
+      beam_slots=(jnp.zeros((batch_size, beam_size, max_decode_len), jnp.int32)
+                  if shared_cache else None))
 
   def cond_fn(s: _BeamState) -> jax.Array:
     return (s.step < max_decode_len) & ~jnp.all(s.done)
@@ -455,7 +481,12 @@ def beam_search(tokens_to_logits: TokensToLogits,
     prev = jax.lax.dynamic_index_in_dim(
         s.alive_seqs, jnp.maximum(t - 1, 0), axis=2, keepdims=False)
     tokens = jnp.where(t == 0, jnp.int32(bos_id), prev)  # [batch, beam]
-    logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences)
+    if shared_cache:  # Each beam writes position t in its own slot.
+      beam_slots = s.beam_slots.at[:, :, t].set(jnp.arange(beam_size, dtype=jnp.int32))
+      logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences,
+                              beam_slots)
+    else:
+      logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences)
     vocab = logits.shape[-1]
     logits = logits.astype(jnp.float32).reshape(batch, beam_size, vocab)
     # 2*beam candidates leave at least `beam` that do not end in EOS.
@@ -479,8 +510,11 @@ def beam_search(tokens_to_logits: TokensToLogits,
         jnp.where(ends, neg_inf, top_logprobs), beam_size)
     alive_seqs = jnp.take_along_axis(top_seqs, alive_index[:, :, None], 1)
     parent = jnp.take_along_axis(top_parent, alive_index, 1)  # [batch, beam]
-    cache = _take_rows(cache, (jnp.arange(batch)[:, None] * beam_size
-                               + parent).reshape(batch * beam_size))
+    if shared_cache:  # A new beam's history is its parent's.
+      beam_slots = jnp.take_along_axis(beam_slots, parent[:, :, None], 1)
+    else:
+      cache = _take_rows(cache, (jnp.arange(batch)[:, None] * beam_size
+                                 + parent).reshape(batch * beam_size))
 
     # Finished: merge the old set with this step's EOS candidates. Old ones
     # come first, so ties keep the earlier hypothesis.
@@ -503,6 +537,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     alive_logprobs = keep(s.alive_logprobs, alive_logprobs)
     finished_seqs = keep(s.finished_seqs, finished_seqs)
     finished_scores = keep(s.finished_scores, finished_scores)
+    if shared_cache:
+      beam_slots = keep(s.beam_slots, beam_slots)
 
     done = s.done | (t + 1 >= s.max_lengths)
     if early_stopping and not ignore_eos and stop_rule == "exact":
@@ -516,7 +552,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
       done |= stops
     return s._replace(step=t + 1, alive_seqs=alive_seqs, alive_logprobs=alive_logprobs,
                       finished_seqs=finished_seqs, finished_scores=finished_scores, done=done,
-                      cache=cache)
+                      cache=cache, beam_slots=beam_slots if shared_cache else None)
 
   def finalize(state: _BeamState) -> tuple[jax.Array, jax.Array]:
     any_finished = state.finished_scores[:, 0] > neg_inf  # [batch]
@@ -538,8 +574,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
     return sequences, scores
 
   batch_sizes = shrinking_sizes(batch_size) if shrink_batch else (batch_size,)
-  return _run_search(cond_fn, body_fn, state, finalize, batch_sizes, beam_size, max_decode_len,
-                     cache_lengths, grow_cache)
+  return _run_search(cond_fn, body_fn, state, finalize, batch_sizes,
+                     1 if shared_cache else beam_size, max_decode_len, cache_lengths, grow_cache)
 
 
 # --------------------------------------------------------------------------

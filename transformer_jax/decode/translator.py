@@ -84,6 +84,11 @@ class DecodeOptions:
   # large jobs and a warm compilation cache. Sampling keeps its batch (a sentence's draws
   # depend on its row).
   shrink_batch: bool = False
+  # Beam search over encoder-decoders: the beams of a sentence share one self-attention cache
+  # row (beam_size slots a position, each beam attending to its own history's slots), so
+  # nothing is reordered when beams change parents (search.beam_search's `shared_cache`).
+  # Same outputs up to float rounding. None: on where every model is an encoder-decoder.
+  shared_beam_cache: bool | None = None
 
   @classmethod
   def from_config(cls, config: Any) -> "DecodeOptions":
@@ -155,6 +160,18 @@ class _Search(NamedTuple):
   grow: search.GrowCache
 
 
+def shares_beam_cache(model: Transformer | DecoderOnly | Ensemble, options: DecodeOptions) -> bool:
+  """Whether beam search over `model` runs on a shared beam cache (`shared_beam_cache`)."""
+  if options.method != "beam":
+    return False
+  members = model.members if isinstance(model, Ensemble) else (model,)
+  encoder_decoders = all(isinstance(member, Transformer) for member in members)
+  if options.shared_beam_cache and not encoder_decoders:
+    raise UserError("--shared_beam_cache is for encoder-decoder models: a prefix LM's beams "
+                    "reorder their cache; leave it unset")
+  return encoder_decoders if options.shared_beam_cache is None else options.shared_beam_cache
+
+
 def _prepare(model: Transformer | DecoderOnly, params, src_tokens: Array, cache_len: int,
              method: str) -> _Search:
   """The search over `model` for `src_tokens`, its cache `cache_len` positions long."""
@@ -171,8 +188,8 @@ def _prepare(model: Transformer | DecoderOnly, params, src_tokens: Array, cache_
         init_cache(model, params, encoded, src_tokens, cache_len))
     step, sentences = sentence_step_logits(model, params), (src_tokens, sentence_cache)
     grow = grow_cache
-  if method == "beam":
-    cache = stored_as(cache, model.config.matmul_operand_dtype)  # Reordered: halved.
+  if method == "beam":  # Reordered (or read by every beam): half the bytes in bfloat16.
+    cache = stored_as(cache, model.config.matmul_operand_dtype)
   return _Search(step, cache, sentences, grow)
 
 
@@ -204,7 +221,8 @@ def decode_batch(
   """
   cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
   first_length = cache_lengths[0] if cache_lengths else max_decode_len
-  members, member_params = members_of(for_decoding(model, options), params)
+  model = for_decoding(model, options)
+  members, member_params = members_of(model, params)
   step, cache, sentences, grow = _prepare_ensemble([
       _prepare(member, p, src_tokens, first_length, options.method)
       for member, p in zip(members, member_params)])
@@ -220,7 +238,8 @@ def decode_batch(
     sequences, _ = search.beam_search(
         step, cache, batch_size, options.beam_size, options.alpha,
         finish_rule=options.finish_rule, stop_rule=options.stop_rule,
-        shrink_batch=options.shrink_batch, **common
+        shrink_batch=options.shrink_batch, shared_cache=shares_beam_cache(model, options),
+        **common
     )
     return sequences[:, 0]
   if options.method == "greedy":

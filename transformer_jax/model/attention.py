@@ -278,9 +278,11 @@ class MultiHeadAttention(nn.Module):
       decode: incremental decoding with the "cache" collection. Self-attention
         appends the keys/values of its q_len tokens at `cache_index`; cross-
         attention computes its keys and values once, when the cache is made.
-        The cross-attention cache may hold fewer rows than the queries (one
-        per sentence while the queries hold one per beam): query rows
-        r·k .. r·k + k - 1 then all read cache row r.
+        Either cache may hold fewer rows than the queries (one per sentence
+        while the queries hold one per beam): query rows r·k .. r·k + k - 1
+        then all read cache row r. A self-attention cache shared so holds
+        k slots a position (`_update_self_attention_cache`), and `mask` must
+        say which slots each beam sees.
       cross_attention: whether keys/values come from the encoder.
 
     Returns:
@@ -378,7 +380,7 @@ class MultiHeadAttention(nn.Module):
     query = query.reshape(key.shape[0], group * q_len, self.num_heads, self.d_k)
     if mask is not None and mask.shape[0] not in (1, key.shape[0]):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
-    if mask is not None and group > 1 and mask.shape[2] > 1:
+    if mask is not None and group > 1 and mask.shape[2] not in (1, group * q_len):
       mask = jnp.tile(mask, (1, 1, group, 1))  # Query g·q_len + t is token t of beam g.
     query = as_operand(query)
     if self.implementation == "chunked":
@@ -393,7 +395,12 @@ class MultiHeadAttention(nn.Module):
       return precision.einsum(subscripts, lhs, rhs, rhs.dtype, self.dtype, False)
 
     logits = matmul("bqhd,bhkd->bhqk", query, key) / jnp.sqrt(self.d_k).astype(self.dtype)
-    weights = masked_softmax(logits, mask)
+    if mask is not None:
+      # Masked by adding _MASKED_LOGIT rather than selecting it (the same weights): XLA:CPU
+      # fuses the addition into the product's consumer, while the select over a shared beam
+      # cache's mask took as long as the rest of the attention (benchmarks/NOTES.md).
+      logits = logits.astype(jnp.float32) + jnp.where(mask, 0.0, _MASKED_LOGIT)
+    weights = masked_softmax(logits, None)
     # Product as [b, h, q, d], then transposed: asked for "->bqhd" directly, XLA:CPU computed
     # the beams' cross-attention as Vᵀ·Wᵀ in a generic dot, 5x slower (6 % of beam search).
     attended = matmul("bhqk,bhkd->bhqd", as_operand(weights), value).transpose(0, 2, 1, 3)
@@ -414,6 +421,14 @@ class MultiHeadAttention(nn.Module):
     A given `mask`, bool[rows or 1, 1, length, cache_len], replaces that
     default: the caller states every slot each token may see (a prompt's
     padding, a prefix attended both ways).
+
+    A cache of fewer rows than `key` is shared by groups of k = rows / cache
+    rows consecutive rows (the beams of a sentence): it holds k slots a
+    position, slot p·k + g for position p of row g of the group, and each
+    call writes the group's `length` positions at slots cache_index·k onwards.
+    Nothing is then reordered when beams change parents: `mask`
+    (bool[cache rows, 1, k·length, cache_len], query g·length + i for token i
+    of row g) is required and names the slots of each row's own history.
     """
     is_initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
@@ -426,12 +441,21 @@ class MultiHeadAttention(nn.Module):
     index = cache_index.value
     length = key.shape[2]
     max_length = cached_key.value.shape[2]
-    cached_key.value = jax.lax.dynamic_update_slice_in_dim(
-        cached_key.value, key.astype(cached_key.value.dtype), index, axis=2
-    )
-    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
-        cached_value.value, value.astype(cached_value.value.dtype), index, axis=2
-    )
+    group = key.shape[0] // cached_key.value.shape[0]
+    if group > 1 and mask is None:
+      raise ValueError(f"a self-attention cache shared by {group} rows (beams) needs the mask "
+                       "of the slots each row sees")
+
+    def write(cache: Array, new: Array) -> Array:
+      if group > 1:  # [rows, h, length, d] -> [cache rows, h, length·group], position-major.
+        cache_rows, heads, depth = cache.shape[0], new.shape[1], new.shape[3]
+        new = new.reshape(cache_rows, group, heads, length, depth).transpose(0, 2, 3, 1, 4)
+        new = new.reshape(cache_rows, heads, length * group, depth)
+      return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), index * group,
+                                                 axis=2)
+
+    cached_key.value = write(cached_key.value, key)
+    cached_value.value = write(cached_value.value, value)
     cache_index.value = index + length
     if mask is None:
       mask = (jnp.arange(max_length)[None, :] <= index + jnp.arange(length)[:, None])[None, None]

@@ -108,19 +108,22 @@ class Transformer(nn.Module):
       target_segment_ids: Array | None = None,
       target_positions: Array | None = None,
       decode: bool = False,
+      decode_self_mask: AttentionMask | None = None,
   ) -> Array:
     """Logits float32[batch, tgt_len, vocab] for the next target token.
 
     With `decode=True` the "cache" collection holds per-layer keys/values; a
     first call with the full-length target creates it (and stores the cross-
     attention keys/values of `encoded`), each later call takes one token and
-    its `target_positions` ([batch, 1], the step index).
+    its `target_positions` ([batch, 1], the step index). `decode_self_mask`
+    (explicit, over cache slots) replaces a step's causal self-attention mask:
+    the beams sharing one cache (decode/cache.shared_beam_mask).
     """
     if target_positions is None:
       target_positions = default_positions(target_input_tokens)
     x = self.embed_target(target_input_tokens, target_positions, train)
     cross_mask = AttentionMask.cross_attention(src_tokens, target_segment_ids, src_segment_ids)
-    self_mask = None if decode else AttentionMask.self_attention(
+    self_mask = decode_self_mask if decode else AttentionMask.self_attention(
         target_input_tokens, target_segment_ids, causal=True
     )
     for layer in self.decoder_layers:
