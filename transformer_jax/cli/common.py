@@ -185,6 +185,9 @@ def define_decode_flags() -> None:
   flags.DEFINE_bool("shrink_batch", False, "Go on in a batch of half the size (a quarter, an "
                     "eighth) once the undecided sentences fit in it: same outputs, 1.2x faster "
                     "beam search once compiled, twice the compiles (pays on large test sets).")
+  flags.DEFINE_bool("shared_beam_cache", None, "Beam search: the beams of a sentence share one "
+                    "self-attention cache row, nothing reordered (same outputs up to float "
+                    "rounding, 1.2x faster on a CPU); unset: on for encoder-decoders.")
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; unset: "
                        "1,024 on a CPU, 4,096 on an accelerator.")
   flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")
@@ -198,6 +201,7 @@ def decode_options() -> DecodeOptions:
       growing_cache=FLAGS.growing_cache, min_length=FLAGS.min_length,
       finish_rule=FLAGS.beam_finish, stop_rule=FLAGS.beam_stop, quantize=FLAGS.quantize,
       matmul_dtype=FLAGS.matmul_dtype, shrink_batch=FLAGS.shrink_batch,
+      shared_beam_cache=FLAGS.shared_beam_cache,
   )
 
 
