@@ -63,10 +63,12 @@ run attention_long_bf16 attention.py --attention_impls=xla,pallas,cudnn,chunked 
     --attention_max_gib=120 --json
 for model in base big; do
   config=(--config=experiments/configs/wmt14_$model.py)
+  # --pair_shared_cache: the beams' shared cache against the reordered one (off by default on
+  # a GPU until measured: DecodeOptions.shared_beam_cache).
   run "decode_${model}_bf16_b64" decoding.py "${config[@]}" "${BF16[@]}" --beam_size=4 \
-      --batch_size=64 --src_len=32 --decode_steps=40 --json
+      --batch_size=64 --src_len=32 --decode_steps=40 --pair_shared_cache --json
   run "decode_${model}_bf16_b512" decoding.py "${config[@]}" "${BF16[@]}" --beam_size=4 \
-      --batch_size=512 --src_len=32 --decode_steps=40 --json
+      --batch_size=512 --src_len=32 --decode_steps=40 --pair_shared_cache --json
 done
 run decode_base_f32_b64 decoding.py "${BASE[@]}" --beam_size=4 --batch_size=64 --src_len=32 \
     --decode_steps=40 --vocab_size=32000 --json  # The CPU command's shapes, for comparison.

@@ -164,18 +164,21 @@ def _nine_sentences() -> np.ndarray:
   return src
 
 
-@pytest.mark.parametrize("matmul_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("growing,shrink", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("matmul_dtype,attention_impl,growing,shrink", [
+    ("float32", "plain", False, False), ("float32", "plain", True, True),
+    ("bfloat16", "plain", True, False), ("float32", "chunked", True, False)])
 def test_beams_sharing_one_self_attention_cache_find_the_beams_of_reordered_caches(
-    tiny_model_config, matmul_dtype, growing, shrink):
+    tiny_model_config, matmul_dtype, attention_impl, growing, shrink):
   """A shared beam cache (one row a sentence, a slot a beam, masks that follow each beam's
-  parents) decodes the tokens of caches reordered every step, over a growing cache and a
-  shrinking batch, in both operand dtypes; the beams do change parents."""
+  parents) decodes the tokens of caches reordered every step: over one cache or a growing
+  one, a shrinking batch, bf16 operands, chunked attention over several blocks of slots."""
   import dataclasses
 
   src = jnp.asarray(_nine_sentences())
   model = Transformer(tiny_model_config)
-  model = model.clone(config=dataclasses.replace(model.config, matmul_dtype=matmul_dtype))
+  model = model.clone(config=dataclasses.replace(
+      model.config, matmul_dtype=matmul_dtype, attention_impl=attention_impl,
+      attention_block_size=16))
   # Doubled weights: peaked distributions, so beams diverge and cross over.
   params = jax.tree.map(lambda w: 2 * w, jax.jit(model.init)(jax.random.key(1), src, src)["params"])
   outputs = {}
@@ -244,6 +247,15 @@ def test_a_prefix_lm_refuses_a_shared_beam_cache(tiny_model_config):
   assert not translator.shares_beam_cache(DecoderOnly(tiny_model_config), default)
   assert not translator.shares_beam_cache(Transformer(tiny_model_config),
                                           translator.DecodeOptions(method="greedy"))
+
+
+def test_a_decoding_mask_without_decoding_is_an_error(model_and_params):
+  from transformer_jax.model.masking import AttentionMask
+
+  model, params = model_and_params
+  with pytest.raises(ValueError, match="decode=True"):
+    model.apply({"params": params}, None, SRC, SRC, method=Transformer.decode,
+                decode_self_mask=AttentionMask.from_dense(jnp.ones((2, 1, 6, 6), bool)))
 
 
 def test_growing_cache_keeps_beam_scores(model_and_params):

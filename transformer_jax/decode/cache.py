@@ -83,8 +83,10 @@ def shared_beam_mask(beam_slots: Array, step: Array, num_slots: int) -> Attentio
     beam_slots: int32[batch, beam, >= num_slots / beam]: the beam slot that holds the
       key/value of position p of alive beam q's history (search.beam_search with
       `shared_cache`); this step's own position `step` holds q.
-    step: the position this step writes.
-    num_slots: the cache's slots, positions × beam (slot p·beam + s: position p of slot s).
+    step: the position this step writes, which must be the cache's `cache_index` (a cache
+      made by `init_cache` starts at 0 with the search's step).
+    num_slots: the cache's slots, positions × beam (slot p·beam + s: position p of slot s),
+      at most beam_slots.shape[2] positions.
 
   Returns:
     An explicit mask bool[batch, 1, beam, num_slots]: beam q sees slot p·beam + s where
@@ -112,10 +114,12 @@ def step_logits(
 
   With `sentence_cache` (the cross-attention keys/values of `split_cache`, one
   row per sentence of `src_tokens`), the search's `cache` holds only the
-  per-row entries and `n` may be any multiple of the sentences (beams).
+  per-row entries and `n` may be any multiple of the sentences (beams). A
+  fourth argument, `beam_slots`, is a shared beam cache's (`shared_beam_mask`).
   """
   step_fn = sentence_step_logits(model, params)
-  return lambda tokens, cache, step: step_fn(tokens, cache, step, (src_tokens, sentence_cache))
+  return lambda tokens, cache, step, beam_slots=None: step_fn(
+      tokens, cache, step, (src_tokens, sentence_cache), beam_slots)
 
 
 def sentence_step_logits(model: Transformer, params) -> search.TokensToLogits:

@@ -47,7 +47,8 @@ from transformer_jax.errors import UserError
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 PyTree = Any
-# (tokens, cache, step) -> (logits, cache); with `sentences`, a fourth argument.
+# (tokens, cache, step) -> (logits, cache); with `sentences`, a fourth argument; beam search
+# over a shared cache adds `beam_slots` after them (beam_search's `shared_cache`).
 TokensToLogits = Callable[..., tuple[jax.Array, PyTree]]
 GrowCache = Callable[[PyTree, int], PyTree]
 
@@ -416,9 +417,10 @@ def beam_search(tokens_to_logits: TokensToLogits,
       `tokens_to_logits(tokens, cache, step, sentences, beam_slots)` with
       beam_slots int32[batch, beam, max_decode_len], the slot holding
       position p of each alive beam's history (cache.shared_beam_mask turns
-      it into the attention mask). `cache` then has `batch` rows, and
-      `grow_cache(cache, n)` (required) is called with n = length × beam_size
-      slots. The results equal the reordering search's up to float rounding.
+      it into the attention mask). `cache` then has `batch` rows, starts
+      empty (its writes follow the search's step), and `grow_cache(cache, n)`
+      (required) is called with n = length × beam_size slots. The results
+      equal the reordering search's up to float rounding.
 
   Returns:
     sequences: int32[batch, beam, max_decode_len], tokens after EOS are PAD.

@@ -396,9 +396,11 @@ class MultiHeadAttention(nn.Module):
 
     logits = matmul("bqhd,bhkd->bhqk", query, key) / jnp.sqrt(self.d_k).astype(self.dtype)
     if mask is not None:
-      # Masked by adding _MASKED_LOGIT rather than selecting it (the same weights): XLA:CPU
-      # fuses the addition into the product's consumer, while the select over a shared beam
-      # cache's mask took as long as the rest of the attention (benchmarks/NOTES.md).
+      # Masked by adding _MASKED_LOGIT rather than selecting it (the same weights wherever a
+      # query sees a slot; a query that sees none, which decoding never makes, gets nearly
+      # uniform ones): XLA:CPU fuses the addition into the product's consumer, while the
+      # select over a shared beam cache's mask took as long as the rest of the attention
+      # (benchmarks/NOTES.md).
       logits = logits.astype(jnp.float32) + jnp.where(mask, 0.0, _MASKED_LOGIT)
     weights = masked_softmax(logits, None)
     # Product as [b, h, q, d], then transposed: asked for "->bqhd" directly, XLA:CPU computed

@@ -119,6 +119,9 @@ class Transformer(nn.Module):
     (explicit, over cache slots) replaces a step's causal self-attention mask:
     the beams sharing one cache (decode/cache.shared_beam_mask).
     """
+    if decode_self_mask is not None and not decode:
+      raise ValueError("decode_self_mask is a decoding step's mask over cache slots: "
+                       "pass decode=True")
     if target_positions is None:
       target_positions = default_positions(target_input_tokens)
     x = self.embed_target(target_input_tokens, target_positions, train)
