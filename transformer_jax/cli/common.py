@@ -187,7 +187,7 @@ def define_decode_flags() -> None:
                     "beam search once compiled, twice the compiles (pays on large test sets).")
   flags.DEFINE_bool("shared_beam_cache", None, "Beam search: the beams of a sentence share one "
                     "self-attention cache row, nothing reordered (same outputs up to float "
-                    "rounding, 1.2x faster on a CPU); unset: on for encoder-decoders.")
+                    "rounding, 1.2x faster on a CPU); unset: on for encoder-decoders on a CPU.")
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; unset: "
                        "1,024 on a CPU, 4,096 on an accelerator.")
   flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")
