@@ -188,9 +188,12 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
 
 
 def _engine_label(r: dict, name: str) -> str:
-  """A translate_real engine: ours (`jax`, or `jax_…` with the other shrinking) or CTranslate2."""
+  """A translate_real engine: ours (`jax`, or `jax_…` with the other shrinking or beam cache)
+  or CTranslate2."""
   if name == "jax":
     return _ours_label(r)
+  if name in ("jax_shared_cache", "jax_reordered_cache"):
+    return _ours_label({**r, "shared_beam_cache": name == "jax_shared_cache"})
   if name.startswith("jax_"):
     return _ours_label({**r, "shrink_batch": name == "jax_shrinking"})
   return name
@@ -206,6 +209,8 @@ def _ours_label(r: dict) -> str:
     changes.append("int8 weight matmuls")
   if "shrink_batch" in r:  # Recorded since the batch could shrink as sentences stop.
     changes.append("shrinking batch" if r["shrink_batch"] else "whole batch")
+  if r.get("shared_beam_cache") is not None:  # Recorded since beams could share one cache.
+    changes.append("shared beam cache" if r["shared_beam_cache"] else "reordered beam cache")
   return "jax" + (f" ({', '.join(changes)})" if changes else "")
 
 

@@ -148,12 +148,15 @@ def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_p
                          "--checkpoint=latest", f"--source={source}",
                          f"--reference={reference}", "--beam_size=2", "--repeats=1",
                          "--beam_stop=best_finished", "--quantize=int8",
-                         "--ct2_compute_types=float32", "--pair_shrink", "--json")
+                         "--ct2_compute_types=float32", "--pair_shrink",
+                         "--pair_shared_cache", "--json")
   assert result["beam_stop"] == "best_finished" and result["quantize"] == "int8"
-  assert set(result["engines"]) == {"jax", "jax_shrinking", "ct2_float32"}, result["engines"]
+  assert set(result["engines"]) == {"jax", "jax_shrinking", "jax_reordered_cache",
+                                    "ct2_float32"}, result["engines"]
   assert result["shrink_batch"] is False  # Unset: the whole batch to the end.
   engines = result["engines"]
   assert engines["jax"]["tok_bleu"] == engines["jax_shrinking"]["tok_bleu"]  # Same outputs.
+  assert engines["jax"]["tok_bleu"] == engines["jax_reordered_cache"]["tok_bleu"]
   for engine in result["engines"].values():
     assert engine["sentences_per_s"] > 0 and engine["sacrebleu"] is not None  # Raw text.
   assert result["engines"]["jax"]["jax_over_ct2_float32"] > 0
@@ -163,5 +166,9 @@ def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_p
   assert result["tokens_per_batch"] == 1024  # Unset: the CPU's decoding batch.
   assert result["matmul_dtype"] == "float32"  # Unset: as the run was trained (float32).
   summary = (tmp_path / "README.md").read_text()
+  assert result["shared_beam_cache"] is True  # Unset: on for an encoder-decoder on a CPU.
   for batch in ("shrinking batch", "whole batch"):
-    assert f"| jax (1,024 tokens a batch, float32 operands, int8 weight matmuls, {batch}) |" in summary
+    assert (f"| jax (1,024 tokens a batch, float32 operands, int8 weight matmuls, {batch}, "
+            "shared beam cache) |") in summary
+  assert ("| jax (1,024 tokens a batch, float32 operands, int8 weight matmuls, whole batch, "
+          "reordered beam cache) |") in summary
