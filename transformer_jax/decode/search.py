@@ -483,12 +483,11 @@ def beam_search(tokens_to_logits: TokensToLogits,
     prev = jax.lax.dynamic_index_in_dim(
         s.alive_seqs, jnp.maximum(t - 1, 0), axis=2, keepdims=False)
     tokens = jnp.where(t == 0, jnp.int32(bos_id), prev)  # [batch, beam]
+    beam_slots = s.beam_slots
     if shared_cache:  # Each beam writes position t in its own slot.
-      beam_slots = s.beam_slots.at[:, :, t].set(jnp.arange(beam_size, dtype=jnp.int32))
-      logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences,
-                              beam_slots)
-    else:
-      logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences)
+      beam_slots = beam_slots.at[:, :, t].set(jnp.arange(beam_size, dtype=jnp.int32))
+    logits, cache = step_fn(tokens.reshape(batch * beam_size, 1), s.cache, t, s.sentences,
+                            *(() if beam_slots is None else (beam_slots,)))
     vocab = logits.shape[-1]
     logits = logits.astype(jnp.float32).reshape(batch, beam_size, vocab)
     # 2*beam candidates leave at least `beam` that do not end in EOS.
@@ -554,7 +553,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
       done |= stops
     return s._replace(step=t + 1, alive_seqs=alive_seqs, alive_logprobs=alive_logprobs,
                       finished_seqs=finished_seqs, finished_scores=finished_scores, done=done,
-                      cache=cache, beam_slots=beam_slots if shared_cache else None)
+                      cache=cache, beam_slots=beam_slots)
 
   def finalize(state: _BeamState) -> tuple[jax.Array, jax.Array]:
     any_finished = state.finished_scores[:, 0] > neg_inf  # [batch]
