@@ -308,11 +308,12 @@ class Bookkeeping:
     # The first step of this process compiled it; a count-dependent schedule compiles again.
     recompile = (self.step_times[self.start_step + 1] - self.started
                  if config.schedule in USES_STEP_COUNT else 0.0)
+    elapsed = self.elapsed()
     count = sharding.from_process_0(budget.steps_that_fit(
-        60 * config.train_minutes, self.elapsed() + recompile, step, seconds_per_step,
+        60 * config.train_minutes, elapsed + recompile, step, seconds_per_step,
         seconds_per_eval, config.eval_every_steps, config.num_train_steps))
     decision = dict(step=step, num_train_steps=count, train_minutes=config.train_minutes,
-                    elapsed_s=round(self.elapsed(), 1),
+                    elapsed_s=round(elapsed, 1),
                     seconds_per_step=round(seconds_per_step, 4),
                     seconds_per_eval=round(seconds_per_eval, 2), recompile_s=round(recompile, 1))
     if jax.process_index() == 0:
