@@ -2,9 +2,13 @@
 
 import json
 import struct
+import subprocess
+import sys
 
+from tensorboardX.crc32c import crc32c as reference_crc32c
 from tensorboardX.proto import event_pb2
 
+from transformer_jax.training import tensorboard
 from transformer_jax.training.metric_writers import MetricsWriter
 
 
@@ -34,6 +38,27 @@ def test_the_progress_line_names_what_the_task_counts(tmp_path, capsys):
   writer.close()
 
 
+def _masked(data: bytes) -> int:
+  crc = reference_crc32c(data)  # tensorboardX's CRC-32C, not the one under test.
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _read_events(path) -> list:
+  """The events of one file, each record's two CRCs checked, parsed by tensorboardX's protos."""
+  data = path.read_bytes()
+  events, offset = [], 0
+  while offset < len(data):
+    header = data[offset:offset + 8]
+    (length,) = struct.unpack("<Q", header)
+    (header_crc,) = struct.unpack("<I", data[offset + 8:offset + 12])
+    record = data[offset + 12:offset + 12 + length]
+    (record_crc,) = struct.unpack("<I", data[offset + 12 + length:offset + 16 + length])
+    assert header_crc == _masked(header) and record_crc == _masked(record), f"bad CRC in {path}"
+    events.append(event_pb2.Event.FromString(record))
+    offset += 16 + length
+  return events
+
+
 def _tensorboard_scalars(logdir) -> dict[int, float]:
   """step -> train/loss as TensorBoard shows it: event files in order, with its purge rule.
 
@@ -42,12 +67,9 @@ def _tensorboard_scalars(logdir) -> dict[int, float]:
   """
   shown: dict[int, float] = {}
   for path in sorted(logdir.glob("events.out.tfevents.*")):
-    data = path.read_bytes()
-    offset = 0
-    while offset < len(data):
-      (length,) = struct.unpack("<Q", data[offset:offset + 8])
-      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-      offset += 12 + length + 4
+    events = _read_events(path)
+    assert events[0].file_version == "brain.Event:2"
+    for event in events:
       if event.HasField("session_log") and event.session_log.status == event.session_log.START:
         shown = {step: value for step, value in shown.items() if step < event.step}
       for value in event.summary.value:
@@ -68,3 +90,30 @@ def test_tensorboard_hides_the_steps_a_resumed_run_logs_again(tmp_path):
     resumed.write({"step": step, "loss": 2.0})
   resumed.close()
   assert _tensorboard_scalars(tmp_path / "tensorboard") == {10: 1.0, 20: 2.0, 30: 2.0}
+
+
+def test_event_files_hold_every_scalar_of_a_row_at_its_step(tmp_path):
+  writer = MetricsWriter(str(tmp_path), total_steps=300, enabled=True)
+  writer.write({"step": 300, "loss": 2.5, "learning_rate": 1e-3}, prefix="eval")
+  writer.close()
+  (path,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+  *_, last = _read_events(path)
+  assert last.step == 300 and last.wall_time > 1.7e9
+  assert {v.tag: v.simple_value for v in last.summary.value} == {
+      "eval/loss": 2.5, "eval/learning_rate": struct.unpack("<f", struct.pack("<f", 1e-3))[0]}
+
+
+def test_crc32c_matches_the_reference_on_the_standard_check_value():
+  assert tensorboard.crc32c(b"123456789") == 0xE3069283 == reference_crc32c(b"123456789")
+  data = bytes(range(256)) * 3
+  assert tensorboard.crc32c(data) == reference_crc32c(data)
+
+
+def test_starting_training_imports_neither_torch_nor_tensorflow():
+  """A run's start-up pays for JAX, not for PyTorch (which tensorboardX imports where
+  installed) or TensorFlow."""
+  heavy = ("torch", "tensorflow", "tensorboardX", "transformers", "ctranslate2")
+  code = ("import sys, transformer_jax.cli.train, transformer_jax.cli.translate; "
+          f"print([m for m in {heavy!r} if m in sys.modules])")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert result.stdout.strip() == "[]", result.stdout

@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 import jax
-from tensorboardX import SummaryWriter
 from tqdm import tqdm
+
+from transformer_jax.training.tensorboard import EventFileWriter
 
 
 class MetricsWriter:
@@ -61,8 +62,8 @@ class MetricsWriter:
 
     A half-written last line (the process was killed mid-write) is dropped too.
     TensorBoard is told to hide its events after `step` too: the event file
-    this process opens starts with a purge marker at step + 1 (tensorboardX's
-    purge_step; TensorBoard drops the earlier files' events from that step on).
+    this process opens starts with a session start at step + 1 (training/tensorboard.py:
+    TensorBoard drops the earlier files' events from that step on).
     """
     if step > 0 and os.path.isdir(self._tensorboard_dir):
       self._purge_step = step + 1
@@ -90,11 +91,10 @@ class MetricsWriter:
     if self._tensorboard is None:
       # The suffix keeps a writer restarted within the same second (same file name
       # otherwise) from overwriting the last one's file, and sorts after it.
-      self._tensorboard = SummaryWriter(self._tensorboard_dir, purge_step=self._purge_step,
-                                        filename_suffix=f".{time.time_ns()}")
-    for key, value in row.items():
-      if key != "step":
-        self._tensorboard.add_scalar(f"{prefix}/{key}", value, row["step"])
+      self._tensorboard = EventFileWriter(self._tensorboard_dir, purge_step=self._purge_step,
+                                          filename_suffix=f".{time.time_ns()}")
+    self._tensorboard.add_scalars(
+        {f"{prefix}/{key}": value for key, value in row.items() if key != "step"}, row["step"])
     self._tensorboard.flush()
 
   def console(self, row: dict[str, Any]) -> None:
