@@ -59,22 +59,23 @@ def _read_events(path) -> list:
   return events
 
 
-def _tensorboard_scalars(logdir) -> dict[int, float]:
-  """step -> train/loss as TensorBoard shows it: event files in order, with its purge rule.
+def _tensorboard_scalars(logdir) -> list[tuple[int, float]]:
+  """(step, train/loss) as TensorBoard shows them: event files in order, with its purge rule.
 
-  TensorBoard reads a SessionLog START at step s as "a run restarted here" and
-  drops the events it already read at steps >= s (its purge of orphaned data).
+  TensorBoard keeps every event it reads, repeated steps included; a SessionLog START at
+  step s reads as "a run restarted here" and drops the events already read at steps >= s
+  (its purge of orphaned data).
   """
-  shown: dict[int, float] = {}
+  shown: list[tuple[int, float]] = []
   for path in sorted(logdir.glob("events.out.tfevents.*")):
     events = _read_events(path)
     assert events[0].file_version == "brain.Event:2"
     for event in events:
       if event.HasField("session_log") and event.session_log.status == event.session_log.START:
-        shown = {step: value for step, value in shown.items() if step < event.step}
+        shown = [(step, value) for step, value in shown if step < event.step]
       for value in event.summary.value:
         if value.tag == "train/loss":
-          shown[event.step] = value.simple_value
+          shown.append((event.step, value.simple_value))
   return shown
 
 
@@ -89,7 +90,7 @@ def test_tensorboard_hides_the_steps_a_resumed_run_logs_again(tmp_path):
   for step in (20, 30):
     resumed.write({"step": step, "loss": 2.0})
   resumed.close()
-  assert _tensorboard_scalars(tmp_path / "tensorboard") == {10: 1.0, 20: 2.0, 30: 2.0}
+  assert _tensorboard_scalars(tmp_path / "tensorboard") == [(10, 1.0), (20, 2.0), (30, 2.0)]
 
 
 def test_event_files_hold_every_scalar_of_a_row_at_its_step(tmp_path):

@@ -6,7 +6,7 @@ masked CRC-32C of those 8 bytes (uint32), the data, the masked CRC-32C of the da
 (uint32). Only the fields scalars need are encoded, by hand:
 
   Event      { double wall_time = 1; int64 step = 2; string file_version = 3;
-               Summary summary = 5; SessionLog session_log = 6; }
+               Summary summary = 5; SessionLog session_log = 7; }
   Summary    { repeated Value value = 1; }
   Value      { string tag = 1; float simple_value = 2; }
   SessionLog { SessionStatus status = 1; }   // START = 1
@@ -92,7 +92,7 @@ def event(step: int, scalars: dict[str, float] | None = None, file_version: str 
         for tag, value in scalars.items())
     message += _field(5, values)
   if session_start:
-    message += _field(6, _varint(1 << 3 | 0) + _varint(_SESSION_START))
+    message += _field(7, _varint(1 << 3 | 0) + _varint(_SESSION_START))
   return message
 
 
