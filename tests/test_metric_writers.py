@@ -62,17 +62,21 @@ def _read_events(path) -> list:
 def _tensorboard_scalars(logdir) -> list[tuple[int, float]]:
   """(step, train/loss) as TensorBoard shows them: event files in order, with its purge rule.
 
-  TensorBoard keeps every event it reads, repeated steps included; a SessionLog START at
-  step s reads as "a run restarted here" and drops the events already read at steps >= s
+  TensorBoard's Python loader keeps every event it reads, repeated steps included; it
+  takes a run's first SessionLog START for the run's beginning, and any later START at
+  step s as "the run restarted here": it drops the events already read at steps >= s
   (its purge of orphaned data).
   """
   shown: list[tuple[int, float]] = []
+  started = False
   for path in sorted(logdir.glob("events.out.tfevents.*")):
     events = _read_events(path)
     assert events[0].file_version == "brain.Event:2"
     for event in events:
       if event.HasField("session_log") and event.session_log.status == event.session_log.START:
-        shown = [(step, value) for step, value in shown if step < event.step]
+        if started:
+          shown = [(step, value) for step, value in shown if step < event.step]
+        started = True
       for value in event.summary.value:
         if value.tag == "train/loss":
           shown.append((event.step, value.simple_value))
@@ -91,6 +95,30 @@ def test_tensorboard_hides_the_steps_a_resumed_run_logs_again(tmp_path):
     resumed.write({"step": step, "loss": 2.0})
   resumed.close()
   assert _tensorboard_scalars(tmp_path / "tensorboard") == [(10, 1.0), (20, 2.0), (30, 2.0)]
+
+
+def test_tensorboard_hides_a_run_resumed_from_its_start(tmp_path):
+  """Killed before its first checkpoint: the rerun logs every step again."""
+  writer = MetricsWriter(str(tmp_path), total_steps=20, enabled=True)
+  for step in (10, 20):
+    writer.write({"step": step, "loss": 1.0})
+  writer.close()
+  rerun = MetricsWriter(str(tmp_path), total_steps=20, enabled=True)
+  rerun.truncate_after(0)
+  rerun.write({"step": 10, "loss": 2.0})
+  rerun.close()
+  assert _tensorboard_scalars(tmp_path / "tensorboard") == [(10, 2.0)]
+
+
+def test_a_value_beyond_float32_is_written_as_infinity(tmp_path):
+  """A diverged run's dev perplexity (exp of a float64 NLL over ~88.7) must not stop training."""
+  writer = MetricsWriter(str(tmp_path), total_steps=10, enabled=True)
+  writer.write({"step": 10, "perplexity": 1e39, "loss": -1e39}, prefix="eval")
+  writer.close()
+  (path,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+  *_, last = _read_events(path)
+  assert {v.tag: v.simple_value for v in last.summary.value} == {
+      "eval/perplexity": float("inf"), "eval/loss": float("-inf")}
 
 
 def test_event_files_hold_every_scalar_of_a_row_at_its_step(tmp_path):

@@ -13,11 +13,14 @@ masked CRC-32C of those 8 bytes (uint32), the data, the masked CRC-32C of the da
 
 A SessionLog START at step s tells TensorBoard that a run restarted there: it drops
 the events it already read at steps >= s (how a resumed run hides the steps it logs
-again).
+again). TensorBoard's Python loader takes a run's first START for its beginning and
+purges only at later ones, so every file starts with one: at step 0 in a new run, at
+the resumed step after a restart.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import struct
@@ -25,6 +28,7 @@ import time
 
 FILE_VERSION = "brain.Event:2"
 _SESSION_START = 1
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _crc32c_table() -> tuple[int, ...]:
@@ -77,18 +81,28 @@ def _field(number: int, payload: bytes) -> bytes:
   return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+def _float32(value: float) -> bytes:
+  """`value` as a little-endian float32; beyond float32's range, ±inf (a diverged perplexity)."""
+  if math.isfinite(value) and abs(value) > _FLOAT32_MAX:
+    value = math.copysign(math.inf, value)
+  return struct.pack("<f", value)
+
+
 def event(step: int, scalars: dict[str, float] | None = None, file_version: str | None = None,
           session_start: bool = False, wall_time: float | None = None) -> bytes:
-  """A serialized Event at `step`: scalars (tag -> value), a file version, or a session start."""
-  if step < 0:
-    raise ValueError(f"an event's step must be >= 0, not {step}")
+  """A serialized Event at `step` holding one of: scalars (tag -> value), a file version, or
+  a session start (they share a protobuf oneof, so a reader keeps only the last)."""
+  if not 0 <= step < 2**63:
+    raise ValueError(f"an event's step must be in [0, 2**63), not {step}")
+  if sum((bool(scalars), file_version is not None, session_start)) > 1:
+    raise ValueError("an event holds one of scalars, a file version or a session start")
   message = (_varint(1 << 3 | 1) + struct.pack("<d", time.time() if wall_time is None else wall_time)
              + _varint(2 << 3 | 0) + _varint(step))
   if file_version is not None:
     message += _field(3, file_version.encode())
   if scalars:
     values = b"".join(
-        _field(1, _field(1, tag.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", value))
+        _field(1, _field(1, tag.encode()) + _varint(2 << 3 | 5) + _float32(value))
         for tag, value in scalars.items())
     message += _field(5, values)
   if session_start:
@@ -99,8 +113,8 @@ def event(step: int, scalars: dict[str, float] | None = None, file_version: str 
 class EventFileWriter:
   """Appends scalar events to a new event file in `logdir`.
 
-  purge_step: when set, the file starts with a session start at that step, so
-  TensorBoard hides what earlier files logged from there on.
+  The file starts with a session start: at `purge_step` when set, so TensorBoard hides
+  what earlier files logged from there on, else at step 0.
   """
 
   def __init__(self, logdir: str, purge_step: int | None = None, filename_suffix: str = ""):
@@ -109,8 +123,7 @@ class EventFileWriter:
     self.path = os.path.join(logdir, name)
     self._file = open(self.path, "ab")
     self._file.write(tfrecord(event(0, file_version=FILE_VERSION)))
-    if purge_step is not None:
-      self._file.write(tfrecord(event(purge_step, session_start=True)))
+    self._file.write(tfrecord(event(0 if purge_step is None else purge_step, session_start=True)))
     self.flush()
 
   def add_scalars(self, scalars: dict[str, float], step: int) -> None:
