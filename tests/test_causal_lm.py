@@ -21,10 +21,6 @@ from transformer_jax.tasks.causal_lm import lm_loss_sums
 from transformer_jax.tasks.registry import load_run, make_task
 from transformer_jax.training.loop import train_and_evaluate
 
-# One xdist worker runs this file (setup.cfg: --dist=loadgroup), so its module
-# fixtures, which train or export runs, are built once rather than once a worker.
-pytestmark = pytest.mark.xdist_group("test_causal_lm")
-
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -23,10 +23,6 @@ from transformer_jax.tasks.registry import TRANSLATION_TASKS, load_run, make_tas
 from transformer_jax.training import loop
 from transformer_jax.training.loop import train_and_evaluate
 
-# One xdist worker runs this file (setup.cfg: --dist=loadgroup), so its module
-# fixtures, which train or export runs, are built once rather than once a worker.
-pytestmark = pytest.mark.xdist_group("test_descendants")
-
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -23,10 +23,6 @@ from transformer_jax.decode.translator import DecodeOptions, decode_batch  # noq
 from transformer_jax.special_tokens import EOS_ID, PAD_ID  # noqa: E402
 from transformer_jax.tasks.registry import load_run  # noqa: E402
 
-# One xdist worker runs this file (setup.cfg: --dist=loadgroup), so its module
-# fixtures, which train or export runs, are built once rather than once a worker.
-pytestmark = pytest.mark.xdist_group("test_export")
-
 SOURCES = [sample_pair(random.Random(10_000 + i))[0] for i in range(16)]
 EXTRA = 8
 

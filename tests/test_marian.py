@@ -33,10 +33,6 @@ from transformer_jax.model.transformer import Transformer  # noqa: E402
 from transformer_jax.special_tokens import EOS_ID, PAD_ID  # noqa: E402
 from transformer_jax.tasks.registry import load_run  # noqa: E402
 
-# One xdist worker runs this file (setup.cfg: --dist=loadgroup), so its module
-# fixtures, which train or export runs, are built once rather than once a worker.
-pytestmark = pytest.mark.xdist_group("test_marian")
-
 SENTENCES = [sample_pair(random.Random(i)) for i in range(1500)]
 # </s> likely enough that some outputs end on it, others at the length limit.
 EOS_BIAS = 8.0

@@ -10,10 +10,6 @@ import pytest
 
 from test_ablations import load_module, tiny_base
 
-# One xdist worker runs this file (setup.cfg: --dist=loadgroup), so its module
-# fixtures, which train or export runs, are built once rather than once a worker.
-pytestmark = pytest.mark.xdist_group("test_report_run")
-
 
 @pytest.fixture(scope="module")
 def report_run():

@@ -18,10 +18,6 @@ import pytest
 
 from fault_tolerance import runner
 
-# One xdist worker runs this file (setup.cfg: --dist=loadgroup), so its module
-# fixtures, which train or export runs, are built once rather than once a worker.
-pytestmark = pytest.mark.xdist_group("test_bad_inputs")
-
 WORKERS = 2  # The machine's cores.
 
 
