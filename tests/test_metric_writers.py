@@ -7,6 +7,7 @@ import sys
 
 from tensorboardX.crc32c import crc32c as reference_crc32c
 from tensorboardX.proto import event_pb2
+from tensorboardX.record_writer import masked_crc32c as reference_masked_crc32c
 
 from transformer_jax.training import tensorboard
 from transformer_jax.training.metric_writers import MetricsWriter
@@ -38,13 +39,9 @@ def test_the_progress_line_names_what_the_task_counts(tmp_path, capsys):
   writer.close()
 
 
-def _masked(data: bytes) -> int:
-  crc = reference_crc32c(data)  # tensorboardX's CRC-32C, not the one under test.
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
 def _read_events(path) -> list:
-  """The events of one file, each record's two CRCs checked, parsed by tensorboardX's protos."""
+  """The events of one file, each record's two CRCs checked by tensorboardX's masked CRC-32C
+  (not the one under test), parsed by tensorboardX's protos."""
   data = path.read_bytes()
   events, offset = [], 0
   while offset < len(data):
@@ -53,7 +50,8 @@ def _read_events(path) -> list:
     (header_crc,) = struct.unpack("<I", data[offset + 8:offset + 12])
     record = data[offset + 12:offset + 12 + length]
     (record_crc,) = struct.unpack("<I", data[offset + 12 + length:offset + 16 + length])
-    assert header_crc == _masked(header) and record_crc == _masked(record), f"bad CRC in {path}"
+    assert (header_crc == reference_masked_crc32c(header)
+            and record_crc == reference_masked_crc32c(record)), f"bad CRC in {path}"
     events.append(event_pb2.Event.FromString(record))
     offset += 16 + length
   return events
