@@ -14,7 +14,12 @@ dev split (its first `--bleu_sentences`) is decoded with the config's beam
 search and scored; the result goes to `<runs_dir>/<row>/ablation_row.json`.
 
 Rerunning the same command resumes: finished rows are skipped, a half-trained
-row resumes from its last checkpoint. Each scored row is also kept in
+row resumes from its last checkpoint. Several copies of one command (one per
+core, e.g. under `taskset -c 0` and `taskset -c 1`, or one per host sharing the
+folders) split the rows between them: a worker claims a row with a lock on
+<runs_dir>/.claims/<row>.lock while it trains and scores it, and the others go on to
+the next row; the lock ends with its process, so a worker that dies leaves
+nothing claimed. Each scored row is also kept in
 results/<sweep>/rows/<row>.json (its result and training curve), so a sweep
 committed with its results resumes on another machine without the run
 folders: rows kept there are not trained again. Launchers:
@@ -36,8 +41,10 @@ results/<sweep>/curves.png (train and dev NLL against step, one line per row).
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -47,7 +54,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import ml_collections
 from tqdm import tqdm
@@ -266,6 +273,35 @@ def scored_as(result: dict, bleu_metric: str, bleu_sentences: int) -> bool:
   return result.get("bleu_metric") == bleu_metric and result.get("bleu_sentences") == bleu_sentences
 
 
+@contextlib.contextmanager
+def row_claim(runs_dir: Path, name: str) -> Iterator[bool]:
+  """Yields whether this process now holds the row (a non-blocking exclusive flock on
+  <runs_dir>/.claims/<name>.lock), held until the block ends; False: another worker has it."""
+  path = runs_dir / ".claims" / f"{name}.lock"
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a") as lock:  # Never deleted: another worker may hold it open.
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      yield False
+      return
+    try:
+      yield True
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def add_finished_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
+                      results: dict) -> None:
+  """Adds to `results` the rows scored since (by other workers of the sweep)."""
+  for row in rows:
+    if row.name not in results:
+      done = finished_result(runs_dir / row.name, configs[row.name],
+                             kept_row_path(sweep_dir, row.name))
+      if done is not None:
+        results[row.name] = done
+
+
 def keep_row(sweep_dir: Path, name: str, result: dict, metrics: list[dict]) -> None:
   """Writes `kept_row_path`: the result with the row's metrics.jsonl records."""
   path = kept_row_path(sweep_dir, name)
@@ -400,6 +436,7 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
     path.write_text("".join(c + "\n" for c in commands))
     log(f"{len(commands)} rows to train: one command a line in {path}; then rerun "
         "with --launcher=report")
+  add_finished_rows(rows, configs, sweep_dir, runs_dir, results)
   write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)
   return results
 
@@ -413,56 +450,75 @@ def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
   # One bar for the sweep on a terminal (rate, ETA), nothing in a log file.
   for row in tqdm(rows, desc=f"sweep {sweep_dir.name}", unit=" rows", disable=None,
                   file=sys.stderr):
-    config, workdir = configs[row.name], runs_dir / row.name
-    kept = kept_row_path(sweep_dir, row.name)
     if stopped or (mine is not None and row is not mine):  # Not this run's: report it if done.
-      done = finished_result(workdir, config, kept)
+      done = finished_result(runs_dir / row.name, configs[row.name],
+                             kept_row_path(sweep_dir, row.name))
       if done is not None:
         results[row.name] = done
       continue
-    done = finished_result(workdir, config, kept)
-    trained = training_finished(workdir, config.num_train_steps)
-    if done is not None and (scored_as(done, bleu_metric, bleu_sentences) or not trained):
-      if scored_as(done, bleu_metric, bleu_sentences):
-        log(f"[{row.name}] finished earlier: skipped")
-      else:  # Scored otherwise, and no trained run here to score again.
-        log(f"[{row.name}] kept as scored: {done.get('bleu_metric')} over "
-            f"{done.get('bleu_sentences', 'unrecorded')} dev sentences (its run folder is "
-            "not here to score again)")
-      if not kept.exists():  # Scored before rows were kept: keep it now.
-        keep_row(sweep_dir, row.name, done, read_metrics(workdir))
+    sweep_row = lambda: _sweep_row(row, rows, configs, sweep_dir, runs_dir, launcher,
+                                   bleu_sentences, bleu_metric, config_spec, flag_args, log,
+                                   preemption, results, commands)
+    if launcher not in ("local", "subprocess") or mine is not None:  # Nothing to share.
+      stopped = sweep_row()
+      continue
+    with row_claim(runs_dir, row.name) as held:
+      if held:
+        stopped = sweep_row()
+      else:
+        log(f"[{row.name}] another worker of this sweep has it: skipped")
+
+
+def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
+               launcher: str, bleu_sentences: int, bleu_metric: str, config_spec: str,
+               flag_args: list[str], log: Callable[[str], Any],
+               preemption: PreemptionWatcher | None, results: dict, commands: list) -> bool:
+  """Skips, trains or scores one row of the sweep; returns whether the sweep stops."""
+  config, workdir = configs[row.name], runs_dir / row.name
+  kept = kept_row_path(sweep_dir, row.name)
+  done = finished_result(workdir, config, kept)
+  trained = training_finished(workdir, config.num_train_steps)
+  if done is not None and (scored_as(done, bleu_metric, bleu_sentences) or not trained):
+    if scored_as(done, bleu_metric, bleu_sentences):
+      log(f"[{row.name}] finished earlier: skipped")
+    else:  # Scored otherwise, and no trained run here to score again.
+      log(f"[{row.name}] kept as scored: {done.get('bleu_metric')} over "
+          f"{done.get('bleu_sentences', 'unrecorded')} dev sentences (its run folder is "
+          "not here to score again)")
+    if not kept.exists():  # Scored before rows were kept: keep it now.
+      keep_row(sweep_dir, row.name, done, read_metrics(workdir))
+    results[row.name] = done
+    return False
+  if preemption is not None and preemption.requested:
+    log(f"SIGTERM: the sweep stops before [{row.name}]; rerun to resume")
+    if done is not None:  # Scored otherwise earlier: still a row of the table.
       results[row.name] = done
-      continue
-    if preemption is not None and preemption.requested:
-      log(f"SIGTERM: the sweep stops before [{row.name}]; rerun to resume")
-      stopped = True
-      if done is not None:  # Scored otherwise earlier: still a row of the table.
-        results[row.name] = done
-      continue
-    command = train_command(config_spec, flag_args, row, workdir)
-    if launcher == "print":
-      if not trained:
-        commands.append(shlex.join(command))
-      continue
+    return True
+  command = train_command(config_spec, flag_args, row, workdir)
+  if launcher == "print":
     if not trained:
-      if launcher == "report":
-        log(f"[{row.name}] not trained yet: left out")
-        continue
-      log(f"[{row.name}] training {row.overrides or '(base)'} in {workdir}")
-      train_row(config, workdir, launcher, command, preemption)
-      if not training_finished(workdir, config.num_train_steps):  # Preempted: saved, stopped.
-        log(f"[{row.name}] stopped before step {config.num_train_steps}; the sweep stops; "
-            "rerun to resume")
-        stopped = True
-        continue
-    log(f"[{row.name}] scoring the dev split")
-    result = score_row(config, workdir, bleu_sentences, bleu_metric)
-    result.update(row=row.name, overrides=row.overrides, bleu_sentences=bleu_sentences,
-                  config=json.loads(config.to_json_best_effort()))
-    (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
-    keep_row(sweep_dir, row.name, result, read_metrics(workdir))
-    results[row.name] = result
-    write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)  # After every row.
+      commands.append(shlex.join(command))
+    return False
+  if not trained:
+    if launcher == "report":
+      log(f"[{row.name}] not trained yet: left out")
+      return False
+    log(f"[{row.name}] training {row.overrides or '(base)'} in {workdir}")
+    train_row(config, workdir, launcher, command, preemption)
+    if not training_finished(workdir, config.num_train_steps):  # Preempted: saved, stopped.
+      log(f"[{row.name}] stopped before step {config.num_train_steps}; the sweep stops; "
+          "rerun to resume")
+      return True
+  log(f"[{row.name}] scoring the dev split")
+  result = score_row(config, workdir, bleu_sentences, bleu_metric)
+  result.update(row=row.name, overrides=row.overrides, bleu_sentences=bleu_sentences,
+                config=json.loads(config.to_json_best_effort()))
+  (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+  keep_row(sweep_dir, row.name, result, read_metrics(workdir))
+  results[row.name] = result
+  add_finished_rows(rows, configs, sweep_dir, runs_dir, results)  # Other workers' too.
+  write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)  # After every row.
+  return False
 
 
 def write_slurm_array(sweep_dir: Path, rows: list[Row], command: list[str]) -> Path:

@@ -158,6 +158,59 @@ def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, 
   print(f"two-row sweep: {first_seconds:.0f} s")
 
 
+def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path):
+  """A row another worker holds is skipped, not trained twice, and the table written after
+  this worker's row lists the row the other one finished meanwhile."""
+  base = tiny_base()
+  base.num_train_steps = 3
+  rows = ablations.table3_rows(["base", "D_ls0"], "paper", base.num_train_steps)
+  sweep_dir, runs_dir = tmp_path / "results" / "split", tmp_path / "runs"
+  # What the other worker will have scored: base, trained in folders of its own.
+  other_sweep = tmp_path / "other" / "split"
+  other = ablations.run_sweep(base, rows[:1], other_sweep, tmp_path / "other_runs",
+                              bleu_sentences=0, log=lambda _: None)["base"]
+
+  def log(message):
+    messages.append(message)
+    if message.startswith("[D_ls0] training"):  # Meanwhile the other worker scores base.
+      kept = ablations.kept_row_path(sweep_dir, "base")
+      kept.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copy(ablations.kept_row_path(other_sweep, "base"), kept)
+
+  messages = []
+  with ablations.row_claim(runs_dir, "base") as held:  # The other worker, training base.
+    assert held
+    results = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0, log=log)
+  assert messages[0] == "[base] another worker of this sweep has it: skipped", messages
+  assert not (runs_dir / "base").exists(), "base was trained by both workers"
+  assert results["D_ls0"]["step"] == 3
+  assert results["base"]["dev_perplexity"] == other["dev_perplexity"]
+  table = (sweep_dir / "table.md").read_text()
+  assert "| base |" in table and "| D_ls0 |" in table and "2 of 2 rows finished" in table, table
+
+  messages.clear()  # Released: both rows are done, nothing is trained again.
+  ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0, log=log)
+  assert messages == ["[base] finished earlier: skipped", "[D_ls0] finished earlier: skipped"]
+
+
+def test_a_row_claim_ends_with_the_worker_that_held_it(ablations, tmp_path):
+  path = tmp_path / "runs" / ".claims" / "base.lock"
+  path.parent.mkdir(parents=True)
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+       "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(path)],
+      stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with ablations.row_claim(tmp_path / "runs", "base") as held:
+      assert not held
+  finally:
+    holder.kill()
+    holder.wait()
+  with ablations.row_claim(tmp_path / "runs", "base") as held:
+    assert held
+
+
 def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path):
   base = tiny_base()
   base.num_train_steps = 3
