@@ -15,8 +15,8 @@ search and scored; the result goes to `<runs_dir>/<row>/ablation_row.json`.
 
 Rerunning the same command resumes: finished rows are skipped, a half-trained
 row resumes from its last checkpoint. Several copies of one command (one per
-core, e.g. under `taskset -c 0` and `taskset -c 1`, or one per host sharing the
-folders) split the rows between them: a worker claims a row with a lock on
+core, e.g. under `taskset -c 0` and `taskset -c 1`; or one per host where the shared
+filesystem's locks span hosts, as NFSv4's do) split the rows between them: a worker claims a row with a lock on
 <runs_dir>/.claims/<row>.lock while it trains and scores it, and the others go on to
 the next row; the lock ends with its process, so a worker that dies leaves
 nothing claimed. Each scored row is also kept in
@@ -44,6 +44,7 @@ import ast
 import contextlib
 import copy
 import dataclasses
+import errno
 import fcntl
 import json
 import math
@@ -276,37 +277,53 @@ def scored_as(result: dict, bleu_metric: str, bleu_sentences: int) -> bool:
 @contextlib.contextmanager
 def row_claim(runs_dir: Path, name: str) -> Iterator[bool]:
   """Yields whether this process now holds the row (a non-blocking exclusive flock on
-  <runs_dir>/.claims/<name>.lock), held until the block ends; False: another worker has it."""
+  <runs_dir>/.claims/<name>.lock), held until the block ends; False: another worker has it.
+  Where the filesystem has no flock (some FUSE or cluster mounts), every row is held
+  and copies of the sweep do not share its rows there (a warning says so).
+  """
   path = runs_dir / ".claims" / f"{name}.lock"
   path.parent.mkdir(parents=True, exist_ok=True)
   with open(path, "a") as lock:  # Never deleted: another worker may hold it open.
     try:
       fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      held, locked = True, True
     except BlockingIOError:
-      yield False
-      return
+      held, locked = False, False
+    except OSError as e:
+      if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+        raise
+      print(f"warning: cannot lock {path} ({e.strerror}): copies of this sweep would train "
+            "the same rows here; run one", file=sys.stderr)
+      held, locked = True, False
     try:
-      yield True
+      yield held
     finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+      if locked:
+        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def add_finished_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
-                      results: dict) -> None:
-  """Adds to `results` the rows scored since (by other workers of the sweep)."""
+def refresh_results(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
+                    results: dict) -> None:
+  """Rereads every scored row into `results`: other workers of the sweep score rows too."""
   for row in rows:
-    if row.name not in results:
-      done = finished_result(runs_dir / row.name, configs[row.name],
-                             kept_row_path(sweep_dir, row.name))
-      if done is not None:
-        results[row.name] = done
+    done = finished_result(runs_dir / row.name, configs[row.name],
+                           kept_row_path(sweep_dir, row.name))
+    if done is not None:
+      results[row.name] = done
+
+
+def write_json(path: Path, value: Any, indent: int) -> None:
+  """Written whole and renamed: other workers read it at any time."""
+  partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+  partial.write_text(json.dumps(value, indent=indent, default=str))
+  os.replace(partial, path)
 
 
 def keep_row(sweep_dir: Path, name: str, result: dict, metrics: list[dict]) -> None:
   """Writes `kept_row_path`: the result with the row's metrics.jsonl records."""
   path = kept_row_path(sweep_dir, name)
   path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(dict(result, metrics=metrics), indent=1, default=str))
+  write_json(path, dict(result, metrics=metrics), indent=1)
 
 
 # --- Training and scoring ---------------------------------------------------------
@@ -436,7 +453,7 @@ def run_sweep(base: ml_collections.ConfigDict, rows: list[Row], sweep_dir: Path,
     path.write_text("".join(c + "\n" for c in commands))
     log(f"{len(commands)} rows to train: one command a line in {path}; then rerun "
         "with --launcher=report")
-  add_finished_rows(rows, configs, sweep_dir, runs_dir, results)
+  refresh_results(rows, configs, sweep_dir, runs_dir, results)
   write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)
   return results
 
@@ -459,7 +476,7 @@ def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
     sweep_row = lambda: _sweep_row(row, rows, configs, sweep_dir, runs_dir, launcher,
                                    bleu_sentences, bleu_metric, config_spec, flag_args, log,
                                    preemption, results, commands)
-    if launcher not in ("local", "subprocess") or mine is not None:  # Nothing to share.
+    if mine is not None:  # A SLURM array task: the array gives each row to one task.
       stopped = sweep_row()
       continue
     with row_claim(runs_dir, row.name) as held:
@@ -513,10 +530,10 @@ def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_d
   result = score_row(config, workdir, bleu_sentences, bleu_metric)
   result.update(row=row.name, overrides=row.overrides, bleu_sentences=bleu_sentences,
                 config=json.loads(config.to_json_best_effort()))
-  (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2, default=str))
+  write_json(workdir / RESULT_FILE, result, indent=2)
   keep_row(sweep_dir, row.name, result, read_metrics(workdir))
   results[row.name] = result
-  add_finished_rows(rows, configs, sweep_dir, runs_dir, results)  # Other workers' too.
+  refresh_results(rows, configs, sweep_dir, runs_dir, results)  # Other workers' too.
   write_report(sweep_dir, rows, configs, results, runs_dir, bleu_metric)  # After every row.
   return False
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -158,7 +159,7 @@ def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, 
   print(f"two-row sweep: {first_seconds:.0f} s")
 
 
-def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path):
+def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path, monkeypatch):
   """A row another worker holds is skipped, not trained twice, and the table written after
   this worker's row lists the row the other one finished meanwhile."""
   base = tiny_base()
@@ -177,6 +178,10 @@ def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path):
       kept.parent.mkdir(parents=True, exist_ok=True)
       shutil.copy(ablations.kept_row_path(other_sweep, "base"), kept)
 
+  tables = []  # The rows of each table written.
+  write_report = ablations.write_report
+  monkeypatch.setattr(ablations, "write_report",
+                      lambda *args: (tables.append(sorted(args[3])), write_report(*args)))
   messages = []
   with ablations.row_claim(runs_dir, "base") as held:  # The other worker, training base.
     assert held
@@ -187,6 +192,7 @@ def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path):
   assert results["base"]["dev_perplexity"] == other["dev_perplexity"]
   table = (sweep_dir / "table.md").read_text()
   assert "| base |" in table and "| D_ls0 |" in table and "2 of 2 rows finished" in table, table
+  assert tables[0] == ["D_ls0", "base"], tables  # Already the table written after D_ls0.
 
   messages.clear()  # Released: both rows are done, nothing is trained again.
   ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0, log=log)
@@ -209,6 +215,16 @@ def test_a_row_claim_ends_with_the_worker_that_held_it(ablations, tmp_path):
     holder.wait()
   with ablations.row_claim(tmp_path / "runs", "base") as held:
     assert held
+
+
+def test_without_file_locks_a_sweep_runs_alone(ablations, tmp_path, monkeypatch, capsys):
+  def no_locks(fd, operation):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+  monkeypatch.setattr(ablations.fcntl, "flock", no_locks)
+  with ablations.row_claim(tmp_path / "runs", "base") as held:
+    assert held
+  assert "would train the same rows" in capsys.readouterr().err
 
 
 def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path):
