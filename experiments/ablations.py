@@ -15,14 +15,14 @@ search and scored; the result goes to `<runs_dir>/<row>/ablation_row.json`.
 
 Rerunning the same command resumes: finished rows are skipped, a half-trained
 row resumes from its last checkpoint. Several copies of one command (one per
-core, e.g. under `taskset -c 0` and `taskset -c 1`; or one per host where the shared
-filesystem's locks span hosts, as NFSv4's do) split the rows between them: a worker claims a row with a lock on
-<runs_dir>/.claims/<row>.lock while it trains and scores it, and the others go on to
-the next row; the lock ends with its process, so a worker that dies leaves
-nothing claimed. Each scored row is also kept in
-results/<sweep>/rows/<row>.json (its result and training curve), so a sweep
-committed with its results resumes on another machine without the run
-folders: rows kept there are not trained again. Launchers:
+core, e.g. under `taskset -c 0` and `taskset -c 1`; or one per host where the
+shared filesystem's locks span hosts, as NFSv4's do) split the rows between
+them: a worker claims a row with a lock on <runs_dir>/.claims/<row>.lock while
+it trains and scores it, and the others go on to the next row; the lock ends
+with its process, so a worker that dies leaves nothing claimed. Each scored row
+is also kept in results/<sweep>/rows/<row>.json (its result and training
+curve), so a sweep committed with its results resumes on another machine
+without the run folders: rows kept there are not trained again. Launchers:
 - local: rows train in this process, one after another;
 - subprocess: each row is a `python -m transformer_jax.train` child;
   with either, a SIGTERM saves the row in training and ends the sweep, after
@@ -312,10 +312,10 @@ def refresh_results(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: P
       results[row.name] = done
 
 
-def write_json(path: Path, value: Any, indent: int) -> None:
-  """Written whole and renamed: other workers read it at any time."""
+def write_whole(path: Path, text: str) -> None:
+  """Written to a temporary file and renamed: other workers read and write it at any time."""
   partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-  partial.write_text(json.dumps(value, indent=indent, default=str))
+  partial.write_text(text)
   os.replace(partial, path)
 
 
@@ -323,7 +323,7 @@ def keep_row(sweep_dir: Path, name: str, result: dict, metrics: list[dict]) -> N
   """Writes `kept_row_path`: the result with the row's metrics.jsonl records."""
   path = kept_row_path(sweep_dir, name)
   path.parent.mkdir(parents=True, exist_ok=True)
-  write_json(path, dict(result, metrics=metrics), indent=1)
+  write_whole(path, json.dumps(dict(result, metrics=metrics), indent=1, default=str))
 
 
 # --- Training and scoring ---------------------------------------------------------
@@ -467,12 +467,8 @@ def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
   # One bar for the sweep on a terminal (rate, ETA), nothing in a log file.
   for row in tqdm(rows, desc=f"sweep {sweep_dir.name}", unit=" rows", disable=None,
                   file=sys.stderr):
-    if stopped or (mine is not None and row is not mine):  # Not this run's: report it if done.
-      done = finished_result(runs_dir / row.name, configs[row.name],
-                             kept_row_path(sweep_dir, row.name))
-      if done is not None:
-        results[row.name] = done
-      continue
+    if stopped or (mine is not None and row is not mine):  # Not this run's: run_sweep
+      continue  # reports it if done.
     sweep_row = lambda: _sweep_row(row, rows, configs, sweep_dir, runs_dir, launcher,
                                    bleu_sentences, bleu_metric, config_spec, flag_args, log,
                                    preemption, results, commands)
@@ -530,7 +526,7 @@ def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_d
   result = score_row(config, workdir, bleu_sentences, bleu_metric)
   result.update(row=row.name, overrides=row.overrides, bleu_sentences=bleu_sentences,
                 config=json.loads(config.to_json_best_effort()))
-  write_json(workdir / RESULT_FILE, result, indent=2)
+  write_whole(workdir / RESULT_FILE, json.dumps(result, indent=2, default=str))
   keep_row(sweep_dir, row.name, result, read_metrics(workdir))
   results[row.name] = result
   refresh_results(rows, configs, sweep_dir, runs_dir, results)  # Other workers' too.
@@ -623,10 +619,7 @@ def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
              f"(dev BLEU: {bleu_metric}). Against base: our mean minus base's, against two "
              "standard errors of that difference (2σ); beyond them the sign agrees or disagrees "
              "with the paper's (its row minus its base); inside, within noise.\n\n" + seeded)
-  # Written whole and renamed: the tasks of a SLURM array write it at once.
-  partial = sweep_dir / f"table.md.{os.getpid()}.tmp"
-  partial.write_text(text)
-  os.replace(partial, sweep_dir / "table.md")
+  write_whole(sweep_dir / "table.md", text)  # Workers and SLURM tasks write it at once.
   plot_curves(sweep_dir / "curves.png",
               {r.name: read_metrics(runs_dir / r.name) or results.get(r.name, {}).get("metrics", [])
                for r in rows})
