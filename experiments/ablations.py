@@ -19,7 +19,8 @@ core, e.g. under `taskset -c 0` and `taskset -c 1`; or one per host where the
 shared filesystem's locks span hosts, as NFSv4's do) split the rows between
 them: a worker claims a row with a lock on <runs_dir>/.claims/<row>.lock while
 it trains and scores it, and the others go on to the next row; the lock ends
-with its process, so a worker that dies leaves nothing claimed. Each scored row
+with its process (and with the subprocess launcher's trainer child, which
+holds it too), so a worker that dies leaves nothing claimed. Each scored row
 is also kept in results/<sweep>/rows/<row>.json (its result and training
 curve), so a sweep committed with its results resumes on another machine
 without the run folders: rows kept there are not trained again. Launchers:
@@ -274,10 +275,16 @@ def scored_as(result: dict, bleu_metric: str, bleu_sentences: int) -> bool:
   return result.get("bleu_metric") == bleu_metric and result.get("bleu_sentences") == bleu_sentences
 
 
+@dataclasses.dataclass(frozen=True)
+class RowClaim:
+  held: bool  # False: another worker of the sweep has the row.
+  lock_fd: int | None = None  # The flock's descriptor, passed on to a trainer child.
+
+
 @contextlib.contextmanager
-def row_claim(runs_dir: Path, name: str) -> Iterator[bool]:
-  """Yields whether this process now holds the row (a non-blocking exclusive flock on
-  <runs_dir>/.claims/<name>.lock), held until the block ends; False: another worker has it.
+def row_claim(runs_dir: Path, name: str) -> Iterator[RowClaim]:
+  """Claims the row with a non-blocking exclusive flock on <runs_dir>/.claims/<name>.lock,
+  held until the block ends, or while a trainer child that inherited `lock_fd` lives.
   Where the filesystem has no flock (some FUSE or cluster mounts), every row is held
   and copies of the sweep do not share its rows there (a warning says so).
   """
@@ -286,19 +293,19 @@ def row_claim(runs_dir: Path, name: str) -> Iterator[bool]:
   with open(path, "a") as lock:  # Never deleted: another worker may hold it open.
     try:
       fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      held, locked = True, True
+      claim = RowClaim(held=True, lock_fd=lock.fileno())
     except BlockingIOError:
-      held, locked = False, False
+      claim = RowClaim(held=False)
     except OSError as e:
       if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
         raise
       print(f"warning: cannot lock {path} ({e.strerror}): copies of this sweep would train "
             "the same rows here; run one", file=sys.stderr)
-      held, locked = True, False
+      claim = RowClaim(held=True)
     try:
-      yield held
+      yield claim
     finally:
-      if locked:
+      if claim.lock_fd is not None:
         fcntl.flock(lock, fcntl.LOCK_UN)
 
 
@@ -341,8 +348,13 @@ def _flag_value(value: Any) -> str:
 
 
 def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
-              command: list[str], preemption: PreemptionWatcher | None = None) -> None:
-  """Trains (or resumes) one row to config.num_train_steps, or until a SIGTERM (saved)."""
+              command: list[str], preemption: PreemptionWatcher | None = None,
+              claim_fd: int | None = None) -> None:
+  """Trains (or resumes) one row to config.num_train_steps, or until a SIGTERM (saved).
+
+  A trainer child inherits `claim_fd` (the row's lock), so the row stays claimed while the
+  child trains, even if this process is killed without a chance to stop it.
+  """
   if launcher == "local":  # The trainer's own watcher nests in `preemption`.
     from transformer_jax.tasks.registry import make_task
     from transformer_jax.training.loop import train_and_evaluate
@@ -350,7 +362,8 @@ def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
     config = copy.deepcopy(config)
     train_and_evaluate(config, os.fspath(workdir), make_task(config))
     return
-  child = subprocess.Popen(command, cwd=REPO_ROOT)
+  child = subprocess.Popen(command, cwd=REPO_ROOT,
+                           pass_fds=() if claim_fd is None else (claim_fd,))
   forwarded = False
   try:
     while True:
@@ -469,15 +482,15 @@ def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
                   file=sys.stderr):
     if stopped or (mine is not None and row is not mine):  # Not this run's: run_sweep
       continue  # reports it if done.
-    sweep_row = lambda: _sweep_row(row, rows, configs, sweep_dir, runs_dir, launcher,
-                                   bleu_sentences, bleu_metric, config_spec, flag_args, log,
-                                   preemption, results, commands)
+    sweep_row = lambda claim_fd=None: _sweep_row(
+        row, rows, configs, sweep_dir, runs_dir, launcher, bleu_sentences, bleu_metric,
+        config_spec, flag_args, log, preemption, results, commands, claim_fd)
     if mine is not None:  # A SLURM array task: the array gives each row to one task.
       stopped = sweep_row()
       continue
-    with row_claim(runs_dir, row.name) as held:
-      if held:
-        stopped = sweep_row()
+    with row_claim(runs_dir, row.name) as claim:
+      if claim.held:
+        stopped = sweep_row(claim.lock_fd)
       else:
         log(f"[{row.name}] another worker of this sweep has it: skipped")
 
@@ -485,7 +498,8 @@ def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
 def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
                launcher: str, bleu_sentences: int, bleu_metric: str, config_spec: str,
                flag_args: list[str], log: Callable[[str], Any],
-               preemption: PreemptionWatcher | None, results: dict, commands: list) -> bool:
+               preemption: PreemptionWatcher | None, results: dict, commands: list,
+               claim_fd: int | None = None) -> bool:
   """Skips, trains or scores one row of the sweep; returns whether the sweep stops."""
   config, workdir = configs[row.name], runs_dir / row.name
   kept = kept_row_path(sweep_dir, row.name)
@@ -517,7 +531,7 @@ def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_d
       log(f"[{row.name}] not trained yet: left out")
       return False
     log(f"[{row.name}] training {row.overrides or '(base)'} in {workdir}")
-    train_row(config, workdir, launcher, command, preemption)
+    train_row(config, workdir, launcher, command, preemption, claim_fd)
     if not training_finished(workdir, config.num_train_steps):  # Preempted: saved, stopped.
       log(f"[{row.name}] stopped before step {config.num_train_steps}; the sweep stops; "
           "rerun to resume")

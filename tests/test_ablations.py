@@ -183,8 +183,8 @@ def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path, monkeypatch):
   monkeypatch.setattr(ablations, "write_report",
                       lambda *args: (tables.append(sorted(args[3])), write_report(*args)))
   messages = []
-  with ablations.row_claim(runs_dir, "base") as held:  # The other worker, training base.
-    assert held
+  with ablations.row_claim(runs_dir, "base") as claim:  # The other worker, training base.
+    assert claim.held
     results = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0, log=log)
   assert messages[0] == "[base] another worker of this sweep has it: skipped", messages
   assert not (runs_dir / "base").exists(), "base was trained by both workers"
@@ -208,13 +208,52 @@ def test_a_row_claim_ends_with_the_worker_that_held_it(ablations, tmp_path):
       stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == "held"
-    with ablations.row_claim(tmp_path / "runs", "base") as held:
-      assert not held
+    with ablations.row_claim(tmp_path / "runs", "base") as claim:
+      assert not claim.held
   finally:
     holder.kill()
     holder.wait()
-  with ablations.row_claim(tmp_path / "runs", "base") as held:
-    assert held
+  with ablations.row_claim(tmp_path / "runs", "base") as claim:
+    assert claim.held
+
+
+def test_a_trainer_child_keeps_its_row_claimed_when_its_sweep_is_killed(ablations, tmp_path):
+  """SIGKILL of a subprocess-launcher sweep leaves its trainer running: the row stays its."""
+  runs_dir, trainer_pid = tmp_path / "runs", tmp_path / "trainer.pid"
+  trainer = (f"import os, pathlib, time\n"
+             f"pathlib.Path({str(trainer_pid)!r}).write_text(str(os.getpid()))\n"
+             f"time.sleep(120)\n")
+  sweep = (f"import sys\nfrom transformer_jax import configs\n"
+           f"ablations = configs.load_module({str(REPO_ROOT / 'experiments/ablations.py')!r}, "
+           f"'ablations')\n"
+           f"with ablations.row_claim(ablations.Path({str(runs_dir)!r}), 'base') as claim:\n"
+           f"  assert claim.held\n"
+           f"  ablations.train_row(None, ablations.Path({str(tmp_path)!r}), 'subprocess',\n"
+           f"                      [sys.executable, '-c', {trainer!r}], None, claim.lock_fd)\n")
+  holder = subprocess.Popen([sys.executable, "-c", sweep], cwd=REPO_ROOT)
+  pid = None
+  try:
+    deadline = time.time() + 120
+    while not trainer_pid.exists() or not trainer_pid.read_text():
+      assert holder.poll() is None and time.time() < deadline, "the sweep never started its trainer"
+      time.sleep(0.1)
+    pid = int(trainer_pid.read_text())
+    holder.kill()
+    holder.wait()
+    with ablations.row_claim(runs_dir, "base") as claim:
+      assert not claim.held, "the row was free while its trainer still trained it"
+  finally:
+    holder.kill()
+    holder.wait()
+    if pid is not None:
+      os.kill(pid, signal.SIGKILL)
+  deadline = time.time() + 30  # The trainer, reparented, ends: the row is free again.
+  while True:
+    with ablations.row_claim(runs_dir, "base") as claim:
+      if claim.held:
+        break
+    assert time.time() < deadline, "the row stayed claimed after its trainer died"
+    time.sleep(0.1)
 
 
 def test_without_file_locks_a_sweep_runs_alone(ablations, tmp_path, monkeypatch, capsys):
@@ -222,8 +261,8 @@ def test_without_file_locks_a_sweep_runs_alone(ablations, tmp_path, monkeypatch,
     raise OSError(errno.ENOLCK, "No locks available")
 
   monkeypatch.setattr(ablations.fcntl, "flock", no_locks)
-  with ablations.row_claim(tmp_path / "runs", "base") as held:
-    assert held
+  with ablations.row_claim(tmp_path / "runs", "base") as claim:
+    assert claim.held
   assert "would train the same rows" in capsys.readouterr().err
 
 
