@@ -18,9 +18,9 @@ row resumes from its last checkpoint. Several copies of one command (one per
 core, e.g. under `taskset -c 0` and `taskset -c 1`; or one per host where the
 shared filesystem's locks span hosts, as NFSv4's do) split the rows between
 them: a worker claims a row with a lock on <runs_dir>/.claims/<row>.lock while
-it trains and scores it, and the others go on to the next row; the lock ends
-with its process (and with the subprocess launcher's trainer child, which
-holds it too), so a worker that dies leaves nothing claimed. Each scored row
+it trains and scores it, and the others go on to the next row; the lock lasts
+while the worker or its trainer (the subprocess launcher's child holds it too)
+lives, so a worker that dies with its trainer leaves nothing claimed. Each scored row
 is also kept in results/<sweep>/rows/<row>.json (its result and training
 curve), so a sweep committed with its results resumes on another machine
 without the run folders: rows kept there are not trained again. Launchers:
@@ -47,6 +47,7 @@ import copy
 import dataclasses
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
@@ -277,14 +278,17 @@ def scored_as(result: dict, bleu_metric: str, bleu_sentences: int) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class RowClaim:
+  """Whether this worker holds a row, and the descriptor of the lock it holds it by
+  (None where the filesystem has no flock); the descriptor is open inside row_claim only."""
   held: bool  # False: another worker of the sweep has the row.
-  lock_fd: int | None = None  # The flock's descriptor, passed on to a trainer child.
+  lock_fd: int | None = None
 
 
 @contextlib.contextmanager
 def row_claim(runs_dir: Path, name: str) -> Iterator[RowClaim]:
-  """Claims the row with a non-blocking exclusive flock on <runs_dir>/.claims/<name>.lock,
-  held until the block ends, or while a trainer child that inherited `lock_fd` lives.
+  """Yields a RowClaim: a non-blocking exclusive flock on <runs_dir>/.claims/<name>.lock,
+  held until the block ends and every trainer child that inherited `lock_fd` has ended
+  (the lock is never released by hand, only by closing the last descriptor).
   Where the filesystem has no flock (some FUSE or cluster mounts), every row is held
   and copies of the sweep do not share its rows there (a warning says so).
   """
@@ -302,11 +306,7 @@ def row_claim(runs_dir: Path, name: str) -> Iterator[RowClaim]:
       print(f"warning: cannot lock {path} ({e.strerror}): copies of this sweep would train "
             "the same rows here; run one", file=sys.stderr)
       claim = RowClaim(held=True)
-    try:
-      yield claim
-    finally:
-      if claim.lock_fd is not None:
-        fcntl.flock(lock, fcntl.LOCK_UN)
+    yield claim
 
 
 def refresh_results(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
@@ -349,11 +349,11 @@ def _flag_value(value: Any) -> str:
 
 def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
               command: list[str], preemption: PreemptionWatcher | None = None,
-              claim_fd: int | None = None) -> None:
+              lock_fd: int | None = None) -> None:
   """Trains (or resumes) one row to config.num_train_steps, or until a SIGTERM (saved).
 
-  A trainer child inherits `claim_fd` (the row's lock), so the row stays claimed while the
-  child trains, even if this process is killed without a chance to stop it.
+  A trainer child inherits `lock_fd` (the row's claim), so the row stays claimed while the
+  child trains, even if this process is killed or interrupted while it does.
   """
   if launcher == "local":  # The trainer's own watcher nests in `preemption`.
     from transformer_jax.tasks.registry import make_task
@@ -362,8 +362,9 @@ def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
     config = copy.deepcopy(config)
     train_and_evaluate(config, os.fspath(workdir), make_task(config))
     return
+  # The trainer starts no long-lived processes of its own that could inherit the lock.
   child = subprocess.Popen(command, cwd=REPO_ROOT,
-                           pass_fds=() if claim_fd is None else (claim_fd,))
+                           pass_fds=() if lock_fd is None else (lock_fd,))
   forwarded = False
   try:
     while True:
@@ -482,9 +483,9 @@ def _sweep_rows(rows: list[Row], configs: dict, sweep_dir: Path, runs_dir: Path,
                   file=sys.stderr):
     if stopped or (mine is not None and row is not mine):  # Not this run's: run_sweep
       continue  # reports it if done.
-    sweep_row = lambda claim_fd=None: _sweep_row(
-        row, rows, configs, sweep_dir, runs_dir, launcher, bleu_sentences, bleu_metric,
-        config_spec, flag_args, log, preemption, results, commands, claim_fd)
+    sweep_row = functools.partial(_sweep_row, row, rows, configs, sweep_dir, runs_dir, launcher,
+                                  bleu_sentences, bleu_metric, config_spec, flag_args, log,
+                                  preemption, results, commands)
     if mine is not None:  # A SLURM array task: the array gives each row to one task.
       stopped = sweep_row()
       continue
@@ -499,7 +500,7 @@ def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_d
                launcher: str, bleu_sentences: int, bleu_metric: str, config_spec: str,
                flag_args: list[str], log: Callable[[str], Any],
                preemption: PreemptionWatcher | None, results: dict, commands: list,
-               claim_fd: int | None = None) -> bool:
+               lock_fd: int | None = None) -> bool:
   """Skips, trains or scores one row of the sweep; returns whether the sweep stops."""
   config, workdir = configs[row.name], runs_dir / row.name
   kept = kept_row_path(sweep_dir, row.name)
@@ -531,7 +532,7 @@ def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_d
       log(f"[{row.name}] not trained yet: left out")
       return False
     log(f"[{row.name}] training {row.overrides or '(base)'} in {workdir}")
-    train_row(config, workdir, launcher, command, preemption, claim_fd)
+    train_row(config, workdir, launcher, command, preemption, lock_fd)
     if not training_finished(workdir, config.num_train_steps):  # Preempted: saved, stopped.
       log(f"[{row.name}] stopped before step {config.num_train_steps}; the sweep stops; "
           "rerun to resume")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -217,43 +218,71 @@ def test_a_row_claim_ends_with_the_worker_that_held_it(ablations, tmp_path):
     assert claim.held
 
 
+def wait_for_pid(path: pathlib.Path, process: subprocess.Popen) -> int:
+  """The pid a fake trainer wrote to `path`, once it has (while `process` lives)."""
+  deadline = time.time() + 120
+  while not path.exists() or not path.read_text():
+    assert process.poll() is None and time.time() < deadline, "the trainer never started"
+    time.sleep(0.1)
+  return int(path.read_text())
+
+
+def claimed(ablations, runs_dir: pathlib.Path, name: str) -> bool:
+  with ablations.row_claim(runs_dir, name) as claim:
+    return not claim.held
+
+
 def test_a_trainer_child_keeps_its_row_claimed_when_its_sweep_is_killed(ablations, tmp_path):
   """SIGKILL of a subprocess-launcher sweep leaves its trainer running: the row stays its."""
   runs_dir, trainer_pid = tmp_path / "runs", tmp_path / "trainer.pid"
   trainer = (f"import os, pathlib, time\n"
              f"pathlib.Path({str(trainer_pid)!r}).write_text(str(os.getpid()))\n"
              f"time.sleep(120)\n")
-  sweep = (f"import sys\nfrom transformer_jax import configs\n"
+  sweep = (f"import sys\nfrom pathlib import Path\nfrom transformer_jax import configs\n"
            f"ablations = configs.load_module({str(REPO_ROOT / 'experiments/ablations.py')!r}, "
            f"'ablations')\n"
-           f"with ablations.row_claim(ablations.Path({str(runs_dir)!r}), 'base') as claim:\n"
-           f"  assert claim.held\n"
-           f"  ablations.train_row(None, ablations.Path({str(tmp_path)!r}), 'subprocess',\n"
-           f"                      [sys.executable, '-c', {trainer!r}], None, claim.lock_fd)\n")
-  holder = subprocess.Popen([sys.executable, "-c", sweep], cwd=REPO_ROOT)
+           f"base = configs.load_module({str(REPO_ROOT / 'experiments/configs/tiny.py')!r}, "
+           f"'tiny').get_config()\n"
+           f"ablations.train_command = lambda *args: [sys.executable, '-c', {trainer!r}]\n"
+           f"rows = ablations.table3_rows(['base'], 'paper', base.num_train_steps)\n"
+           f"ablations.run_sweep(base, rows, Path({str(tmp_path / 'sweep')!r}), "
+           f"Path({str(runs_dir)!r}), launcher='subprocess', bleu_sentences=0)\n")
+  sweep_process = subprocess.Popen([sys.executable, "-c", sweep], cwd=REPO_ROOT)
   pid = None
   try:
-    deadline = time.time() + 120
-    while not trainer_pid.exists() or not trainer_pid.read_text():
-      assert holder.poll() is None and time.time() < deadline, "the sweep never started its trainer"
-      time.sleep(0.1)
-    pid = int(trainer_pid.read_text())
-    holder.kill()
-    holder.wait()
-    with ablations.row_claim(runs_dir, "base") as claim:
-      assert not claim.held, "the row was free while its trainer still trained it"
+    pid = wait_for_pid(trainer_pid, sweep_process)
+    sweep_process.kill()
+    sweep_process.wait()
+    assert claimed(ablations, runs_dir, "base"), "the row was free while its trainer trained it"
   finally:
-    holder.kill()
-    holder.wait()
+    sweep_process.kill()
+    sweep_process.wait()
     if pid is not None:
-      os.kill(pid, signal.SIGKILL)
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
   deadline = time.time() + 30  # The trainer, reparented, ends: the row is free again.
-  while True:
-    with ablations.row_claim(runs_dir, "base") as claim:
-      if claim.held:
-        break
+  while claimed(ablations, runs_dir, "base"):
     assert time.time() < deadline, "the row stayed claimed after its trainer died"
     time.sleep(0.1)
+
+
+def test_a_row_stays_claimed_until_both_worker_and_trainer_let_go(ablations, tmp_path):
+  """An interrupt that ends the worker's claim while its trainer still saves (a second
+  Ctrl-C) leaves the row claimed until the trainer ends."""
+  runs_dir = tmp_path / "runs"
+  trainer = None
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      with ablations.row_claim(runs_dir, "base") as claim:
+        trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                   pass_fds=(claim.lock_fd,))
+        raise KeyboardInterrupt
+    assert claimed(ablations, runs_dir, "base"), "the row was free while its trainer lived"
+  finally:
+    if trainer is not None:
+      trainer.kill()
+      trainer.wait()
+  assert not claimed(ablations, runs_dir, "base")
 
 
 def test_without_file_locks_a_sweep_runs_alone(ablations, tmp_path, monkeypatch, capsys):
