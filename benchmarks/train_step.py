@@ -70,6 +70,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   if FLAGS.prng_impl:
     jax.config.update("jax_default_prng_impl", FLAGS.prng_impl)
   config = common.benchmark_config()
+  sharding.use_cpu_devices(config.cpu_devices)  # --config.cpu_devices=2: as the train command.
   mesh = sharding.make_mesh(config.mesh)
   common.check_batch(mesh)
   model_config = ModelConfig.from_config(config.model)
@@ -126,11 +127,19 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                                              jax_solo_step_times_s=solo_times)
     profile = profile_steps(compiled, step, FLAGS.profile_dir) if FLAGS.profile_dir else None
 
-  flops = common.cost_analysis(compiled, "flops")
+  def whole_step(key: str) -> float | None:  # XLA counts one device's share of the step.
+    count = common.cost_analysis(compiled, key)
+    return count * mesh.devices.size if count else count
+
+  flops, bytes_accessed = whole_step("flops"), whole_step("bytes accessed")
   analytic = analytic_train_flops(model_config, FLAGS.batch_size, FLAGS.src_len, FLAGS.tgt_len)
   peak_after = common.measure_matmul_peak(
       model_config.matmul_dtype, FLAGS.peak_matmul_size, result_dtype=model_config.dtype)
   peak = max(peak_before, peak_after, key=lambda p: p["peak_flops_per_s"])
+  # The peak is one device's; CPU devices (--config.cpu_devices) share one set of cores,
+  # all of which the peak's matmul uses.
+  if jax.devices()[0].platform != "cpu":
+    peak = dict(peak, peak_flops_per_s=peak["peak_flops_per_s"] * mesh.devices.size)
   used = flops if flops else analytic
   result = dict(
       mode="train", config=common.config_name(), model=common.model_summary(model_config),
@@ -148,7 +157,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
       compile_s=compile_s, init_s=init_s, final_loss=float(holder["metrics"]["loss"]),
       peak_memory_bytes=memory, peak_memory_source=memory_source,
       compiled_temp_bytes=common.compiled_temp_bytes(compiled), minor_page_faults_per_step=faults,
-      bytes_accessed_per_step=common.cost_analysis(compiled, "bytes accessed"),
+      bytes_accessed_per_step=bytes_accessed,
       prng_impl=FLAGS.prng_impl or "default",
   )
   if profile is not None:

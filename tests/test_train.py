@@ -1,6 +1,9 @@
 """The train step: schedule, loss, sharding, accumulation and restoring across meshes."""
 
 import functools
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +11,8 @@ import numpy as np
 import pytest
 
 from transformer_jax import sharding
-from transformer_jax.configs import default_config
+from transformer_jax.configs import default_config, validate_config
+from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.tasks.causal_lm import CausalLMTask
 from transformer_jax.tasks.classification import ClassificationTask
@@ -21,6 +25,7 @@ from transformer_jax.training.schedules import make_optimizer, paper_schedule
 from transformer_jax.training.state import create_train_state
 
 
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA_8, MIXED = dict(data=8, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)
 
 
@@ -147,3 +152,28 @@ def test_checkpoint_saved_on_8_devices_restores_onto_1(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   leaf = jax.tree.leaves(restored.params)[0]
   assert len(leaf.sharding.device_set) == 1
+
+
+def test_the_train_command_splits_the_cpu_into_config_cpu_devices(tmp_path):
+  """config.cpu_devices=3 gives the run a 3-device data-parallel mesh (over XLA_FLAGS' 8)."""
+  command = [sys.executable, "-m", "transformer_jax.train",
+             f"--config={REPO_ROOT / 'experiments/configs/tiny.py'}", f"--workdir={tmp_path}",
+             "--config.cpu_devices=3", "--config.num_train_steps=2", "--config.eval_every_steps=2",
+             "--config.data.bucket_boundaries=(48,)", "--config.final_eval_split="]
+  done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "3 local / 3 global devices (cpu); mesh {'data': 3, 'fsdp': 1, 'tensor': 1}" in done.stderr
+  assert '"split": "eval", "step": 2' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_cpu_devices_set_after_jax_started_is_a_one_line_error():
+  assert jax.local_device_count() != 3  # The test process has started JAX.
+  with pytest.raises(UserError, match="comes too late"):
+    sharding.use_cpu_devices(3)
+  with pytest.raises(UserError, match="config.cpu_devices=3, but this process has"):
+    sharding.check_cpu_devices(3)
+  sharding.check_cpu_devices(0)  # 0 keeps whatever the process has.
+  config = default_config()
+  config.cpu_devices = -1
+  with pytest.raises(UserError, match="must be >= 0"):
+    validate_config(config)

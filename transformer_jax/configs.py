@@ -35,6 +35,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.data = default_data_config()
   # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # > 0: the train command splits each process's CPU into this many JAX devices, data-parallel
+  # over its cores (sharding.use_cpu_devices); 0: JAX's default (one, or XLA_FLAGS' count).
+  config.cpu_devices = 0
 
   config.seed = 0  # Parameter initialisation and dropout.
   config.num_train_steps = 100_000
@@ -153,6 +156,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
               "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints", "warmup_steps"):
     if int(config[key]) < 1:
       raise UserError(f"config.{key}={config[key]!r} must be a positive integer")
+  if int(config.cpu_devices) < 0:
+    raise UserError(f"config.cpu_devices={config.cpu_devices!r} must be >= 0 (0: JAX's default)")
   if config.train_minutes < 0:
     raise UserError(f"config.train_minutes={config.train_minutes!r} must be >= 0 (0: train "
                     "num_train_steps)")

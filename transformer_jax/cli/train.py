@@ -24,6 +24,7 @@ def main(argv: list[str]) -> None:
   common.quiet_libraries()
   common.enable_compilation_cache()
   config, workdir = common.config_and_workdir()
+  sharding.use_cpu_devices(config.cpu_devices)
   flags = common.FLAGS
   sharding.maybe_initialize_distributed(flags.coordinator_address, flags.num_processes,
                                         flags.process_id)

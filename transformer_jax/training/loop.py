@@ -112,6 +112,7 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
     raise UserError(f"cannot create --workdir={workdir} ({e.strerror}); "
                     "choose a writable folder") from None
   validate_config(config)
+  sharding.check_cpu_devices(config.cpu_devices)
   mesh = sharding.make_mesh(config.mesh)
   sharding.log_topology(mesh)
   task.prepare_data()
