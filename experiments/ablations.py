@@ -698,6 +698,7 @@ def main(argv: list[str]) -> None:
   from absl import flags
   from ml_collections import config_flags
 
+  from transformer_jax import sharding
   from transformer_jax.cli import common
 
   if len(argv) > 1:
@@ -711,6 +712,7 @@ def main(argv: list[str]) -> None:
   spec = config_flags.get_config_filename(FLAGS["config"])
   scale = FLAGS.scale or ("cpu" if spec.endswith(",cpu") else "paper")
   base = FLAGS.config
+  sharding.use_cpu_devices(base.cpu_devices)  # Before JAX starts: the local launcher's rows.
   try:
     rows = with_seeds(table3_rows(FLAGS.rows, scale, base.num_train_steps)
                       + [parse_row(r) for r in FLAGS.row], FLAGS.seeds)
