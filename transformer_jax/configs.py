@@ -35,8 +35,8 @@ def default_config() -> ml_collections.ConfigDict:
   config.data = default_data_config()
   # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  # > 0: the train command splits each process's CPU into this many JAX devices, data-parallel
-  # over its cores (sharding.use_cpu_devices); 0: JAX's default (one, or XLA_FLAGS' count).
+  # > 0: the train command runs this many JAX devices on each process's CPU cores, the batch
+  # split over them (sharding.use_cpu_devices); 0: JAX's default (one, or XLA_FLAGS' count).
   config.cpu_devices = 0
 
   config.seed = 0  # Parameter initialisation and dropout.

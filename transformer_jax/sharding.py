@@ -43,14 +43,13 @@ LOGICAL_AXIS_RULES = (
 
 
 def use_cpu_devices(count: int) -> None:
-  """Splits this process's CPU into `count` JAX devices (0: leaves JAX's default); must run
+  """Runs `count` JAX devices on this process's CPU cores (0: leaves JAX's default); must run
   before JAX's first operation.
 
-  A mesh over them runs data parallelism over one host's cores: each device computes a
-  shard of the batch. Small models gain (their many small ops leave cores idle): on 2 cores
-  the Multi30k recipe's step ran 1.16x faster on 2 devices; the base model's large matmuls
-  already use every core, and ran 0.87x as fast (benchmarks/README.md). Only the CPU
-  backend's devices change; a GPU or TPU run is unaffected.
+  The default mesh (data=-1) then splits each batch over them. Small models gain (their
+  many small ops leave cores idle), large matmuls lose (they already use every core):
+  benchmarks/README.md, "One CPU device unless asked". Only the CPU backend's devices
+  change; a GPU or TPU run is unaffected. A run resumes with the count it started with.
   """
   if count <= 0:
     return
@@ -58,8 +57,8 @@ def use_cpu_devices(count: int) -> None:
     jax.config.update("jax_num_cpu_devices", count)
   except RuntimeError:
     raise UserError(f"config.cpu_devices={count} comes too late: JAX has already started in "
-                    "this process; pass it to python -m transformer_jax.train, which sets it "
-                    "first") from None
+                    "this process; set it before JAX's first operation (the train command "
+                    "and experiments/ablations.py do)") from None
 
 
 def check_cpu_devices(count: int) -> None:
@@ -67,9 +66,10 @@ def check_cpu_devices(count: int) -> None:
   started with another number (set by a caller that ran JAX before the config was read)."""
   if count > 0 and jax.default_backend() == "cpu" and jax.local_device_count() != count:
     raise UserError(f"config.cpu_devices={count}, but this process has "
-                    f"{jax.local_device_count()} CPU devices: JAX started before the config "
-                    "was read; run python -m transformer_jax.train, or set "
-                    "config.cpu_devices=0 to keep the process's devices")
+                    f"{jax.local_device_count()} CPU devices: JAX started before this config "
+                    "was read; give the value to the whole process (the train command's "
+                    "--config.cpu_devices, a sweep's base config or --launcher=subprocess), "
+                    "or set config.cpu_devices=0 to keep the process's devices")
 
 
 def maybe_initialize_distributed(

@@ -334,8 +334,9 @@ class TrainIterator:
                       "restore a state saved by TrainIterator.get_state()") from None
     if state.get("fingerprint", self.fingerprint) != self.fingerprint:
       raise UserError("the saved data iterator state belongs to another data "
-                      "setup (seed, tokens_per_batch, buckets, packing, shards or "
-                      "data changed); restore with the original data config")
+                      "setup (seed, tokens_per_batch, buckets, packing, data, or the batch "
+                      "shards: config.mesh, config.cpu_devices, the device count); resume "
+                      "with the run's own config.json settings")
     if epoch < 0 or not 0 <= batch < len(self.epoch_batches(epoch)):
       raise UserError(f"data iterator state {state!r} is out of range")
     self.epoch, self.batch_in_epoch = epoch, batch
