@@ -68,6 +68,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
     raise UserError(f"--decode_steps={FLAGS.decode_steps} must be >= --src_len={FLAGS.src_len}: "
                     "Translator decodes up to input length + max_extra_len tokens")
   config = common.benchmark_config()
+  sharding.use_cpu_devices(config.cpu_devices)  # --config.cpu_devices=2: the batch split.
   mesh = sharding.make_mesh(config.mesh)
   common.check_batch(mesh)
   task = TranslationTask(config)
