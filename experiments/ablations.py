@@ -145,6 +145,7 @@ def direction(ours: tuple[float, float, int], base: tuple[float, float, int],
   `ours` and `base` are (mean, standard deviation, number of seeds). The difference of
   the means is compared with two standard errors of that difference: beyond them it
   "agrees" or "disagrees" with the sign of the paper's difference; inside, "within noise".
+  Where the paper's rows are level, inside agrees and beyond disagrees.
   """
   if paper_difference is None:
     return "no paper figure"
@@ -152,7 +153,8 @@ def direction(ours: tuple[float, float, int], base: tuple[float, float, int],
   difference = mean - base_mean
   noise = 2 * math.sqrt(std**2 / n + base_std**2 / base_n)
   if paper_difference == 0:
-    return f"paper: no change ({difference:+.2f}, 2σ {noise:.2f})"
+    verdict = "agrees" if abs(difference) <= noise else "disagrees"
+    return f"{verdict}, the paper's level ({difference:+.2f}, 2σ {noise:.2f})"
   if abs(difference) <= noise:
     return f"within noise ({difference:+.2f}, 2σ {noise:.2f})"
   agrees = (difference > 0) == (paper_difference > 0)
@@ -633,7 +635,8 @@ def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
     text += ("\n## Over seeds\n\nMean ± sample standard deviation over each row's seeds "
              f"(dev BLEU: {bleu_metric}). Against base: our mean minus base's, against two "
              "standard errors of that difference (2σ); beyond them the sign agrees or disagrees "
-             "with the paper's (its row minus its base); inside, within noise.\n\n" + seeded)
+             "with the paper's (its row minus its base); inside, within noise. Where the "
+             "paper's row equals its base, inside agrees and beyond disagrees.\n\n" + seeded)
   write_whole(sweep_dir / "table.md", text)  # Workers and SLURM tasks write it at once.
   plot_curves(sweep_dir / "curves.png",
               {r.name: read_metrics(runs_dir / r.name) or results.get(r.name, {}).get("metrics", [])

@@ -91,7 +91,11 @@ def test_seeds_expand_rows_and_the_table_says_where_ours_agrees_with_the_paper(a
   assert ablations.format_seed_table(rows[:1], results) == ""
   no_base = ablations.format_seed_table(rows[3:], results)  # A1 and C_N2 alone: no comparison.
   assert "12.00 ± 0.20" in no_base and "agrees" not in no_base
-  assert ablations.direction((5.0, 0.1, 3), (4.0, 0.1, 3), 0.0).startswith("paper: no change")
+  # The paper's rows level: ours agrees inside the noise and disagrees beyond it.
+  assert ablations.direction((5.0, 0.1, 3), (4.0, 0.1, 3), 0.0).startswith(
+      "disagrees, the paper's level (+1.00")
+  assert ablations.direction((4.1, 0.1, 3), (4.0, 0.1, 3), 0.0).startswith(
+      "agrees, the paper's level (+0.10")
 
 
 def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, monkeypatch):
