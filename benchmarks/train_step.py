@@ -156,7 +156,10 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
                                      peak_after["peak_flops_per_s"]],
       compile_s=compile_s, init_s=init_s, final_loss=float(holder["metrics"]["loss"]),
       peak_memory_bytes=memory, peak_memory_source=memory_source,
-      compiled_temp_bytes=common.compiled_temp_bytes(compiled), minor_page_faults_per_step=faults,
+      devices=int(mesh.devices.size),
+      # XLA's memory analysis is one device's: the temporaries per device, of `devices`.
+      compiled_temp_bytes=common.compiled_temp_bytes(compiled),
+      minor_page_faults_per_step=faults,
       bytes_accessed_per_step=bytes_accessed,
       prng_impl=FLAGS.prng_impl or "default",
   )
@@ -184,6 +187,12 @@ def compare_torch(result: Result, model_config, paired: Result | None) -> None:
   result["jax_over_torch_best"] = reference["step_time_best_s"] / result["step_time_best_s"]
 
 
+def devices_note(result: Result) -> str:
+  """', split over N devices' for a sharded step; empty on one device."""
+  devices = result.get("devices", 1)
+  return f", split over {devices} devices" if devices > 1 else ""
+
+
 def table(result: Result) -> list[tuple[str, str]]:
   """The headline numbers, one (name, value) a line."""
   number = format_number
@@ -191,7 +200,8 @@ def table(result: Result) -> list[tuple[str, str]]:
       ("config", f"{result['config']} ({result['params'] / 1e6:.1f}M params, "
                  f"{precision_label(result['model'])}, "
                  f"attention {result['model']['attention_impl']})"),
-      ("batch", f"{result['batch_size']} × ({result['src_len']} + {result['tgt_len']}) tokens"),
+      ("batch", f"{result['batch_size']} × ({result['src_len']} + {result['tgt_len']}) tokens"
+                f"{devices_note(result)}"),
       ("step time (median)", f"{result['step_time_s'] * 1e3:.1f} ms over {result['steps']} steps "
                              f"(best {result['step_time_best_s'] * 1e3:.1f} ms)"),
       ("target tokens/s", number(result["target_tokens_per_s"])),

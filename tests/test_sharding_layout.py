@@ -150,6 +150,11 @@ def test_model_info_prints_bytes_per_device_for_a_mesh():
   # A pod's layout is sized without its devices; its step is not compiled here.
   pod = _model_info("--config=experiments/configs/wmt14_big.py", "--mesh=data=16,fsdp=16,tensor=4")
   assert "1024 devices" in pod and "not estimated" in pod, pod
+  assert "--config.cpu_devices=1024" in pod, pod
+  # --config.cpu_devices gives this process the mesh's devices, whatever XLA_FLAGS says.
+  two = _model_info("--config=experiments/configs/tiny.py", "--config.cpu_devices=2",
+                    "--mesh=data=2,fsdp=1,tensor=1")
+  assert "(2 devices)" in two and "MiB (XLA's memory analysis" in two, two
 
 
 def test_processes_holding_different_tokenizers_stop_with_one_line(monkeypatch):

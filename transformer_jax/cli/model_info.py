@@ -6,7 +6,7 @@
 With --mesh: parameters and Adam state per device (from the sharding rules
 alone, for a mesh of any size), and the compiled train step's temporaries for
 the config's largest batch when this process has the mesh's devices (on a CPU,
-XLA_FLAGS=--xla_force_host_platform_device_count=N simulates N).
+--config.cpu_devices=N runs N).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main(argv: list[str]) -> None:
   config = common.FLAGS.config
   if config is None:
     raise UserError("--config is required, e.g. --config=experiments/configs/wmt14_base.py")
+  sharding.use_cpu_devices(config.cpu_devices)  # Before JAX's first operation.
   task = make_task(config)
   model = task.build_model()
   init_params = functools.partial(task.init_params, model)
@@ -59,8 +60,7 @@ def main(argv: list[str]) -> None:
     print(f"  {label:<24} {held[name] / MiB:10,.1f} MiB (all of it: {held[name + '_total'] / MiB:,.1f} MiB)")
   if devices != len(jax.devices()):
     print(f"  train step temporaries   not estimated: the mesh needs {devices} devices and this "
-          f"process has {len(jax.devices())} (on a CPU: XLA_FLAGS="
-          f"--xla_force_host_platform_device_count={devices})")
+          f"process has {len(jax.devices())} (on a CPU: --config.cpu_devices={devices})")
     return
   step = footprint.step_bytes(config, init_params, functools.partial(task.loss_sums, model),
                               task.batch_keys, sharding.make_mesh(sizes))
