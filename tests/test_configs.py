@@ -93,6 +93,7 @@ def test_table3_cpu_base_is_the_papers_base_scaled_whatever_the_recipe_tunes(tab
   assert config.label_smoothing == 0.1
   assert (config.data.tokens_per_batch, config.schedule, config.learning_rate,
           config.warmup_steps, config.num_train_steps) == (4_096, "linear_rsqrt", 2e-3, 100, 300)
+  assert (config.train_minutes, config.cpu_devices) == (0.0, 0)
 
 
 def test_config_flag_selects_a_table3_row():
