@@ -47,6 +47,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.train_minutes = 0.0
   config.gradient_accumulation_steps = 1
   config.label_smoothing = 0.1  # ε_ls (§5.4).
+  # translation: > 0 trains with R-Drop (Liang et al., 2021) at this weight of the symmetric
+  # KL between two dropout passes of each sentence; each step then costs ~2× the compute.
+  config.rdrop_alpha = 0.0
 
   # Optimiser (§5.3): Adam(0.9, 0.98, 1e-9) on the paper's schedule.
   config.schedule = "paper"  # "paper" | "linear_rsqrt" | "linear_cosine".
@@ -163,6 +166,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
                     "num_train_steps)")
   if not 0.0 <= config.label_smoothing < 1.0:
     raise UserError(f"config.label_smoothing={config.label_smoothing!r} must be in [0, 1)")
+  if config.rdrop_alpha < 0:
+    raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} must be >= 0 (0: no R-Drop)")
+  if config.rdrop_alpha > 0 and config.task != "translation":
+    raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} is implemented for the "
+                    f"translation task only, not {config.task!r}; set config.rdrop_alpha=0")
   if config.beam_size < 1:
     raise UserError(f"config.beam_size={config.beam_size} must be at least 1")
   if config.length_penalty < 0:

@@ -22,7 +22,8 @@ from transformer_jax.errors import UserError
 from transformer_jax.metrics import bleu
 from transformer_jax.model.transformer import Transformer, shift_right
 from transformer_jax.tasks.corpus import CorpusTask
-from transformer_jax.training.losses import loss_sums
+from transformer_jax.special_tokens import PAD_ID
+from transformer_jax.training.losses import loss_sums, symmetric_kl_sum
 from transformer_jax.training.run_dir import LoadedRun
 
 
@@ -41,12 +42,33 @@ def decoder_inputs(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 def translation_loss_sums(
     model: nn.Module, params: Any, batch: dict[str, jax.Array], train: bool,
-    dropout_key: jax.Array | None, label_smoothing: float,
+    dropout_key: jax.Array | None, label_smoothing: float, rdrop_alpha: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Summed smoothed loss over non-PAD target tokens, plus summed NLL and the count."""
+  """Summed smoothed loss over non-PAD target tokens, plus summed NLL and the count.
+
+  With `rdrop_alpha` > 0 in training (R-Drop, Liang et al., 2021), every sentence passes
+  through the model twice under different dropout masks. The paper's loss, CE₁ + CE₂ +
+  α · ½ (KL(p₁ ‖ p₂) + KL(p₂ ‖ p₁)), is halved so that its cross-entropy part stays the mean
+  of the two passes' smoothed losses, on the scale of a plain step's; the step costs about
+  twice the compute of the batch. The two copies of a row sit next to each other in one
+  batch of 2 × rows, so both stay on the row's device under data sharding. `rdrop_kl_sum`
+  sums the symmetric KL (logged per token as `rdrop_kl`).
+  """
   rngs = {"dropout": dropout_key} if train else {}
-  logits = model.apply({"params": params}, **decoder_inputs(batch), train=train, rngs=rngs)
-  return loss_sums(logits, batch["target_tokens"], label_smoothing)
+  targets = batch["target_tokens"]
+  if not (train and rdrop_alpha > 0):
+    logits = model.apply({"params": params}, **decoder_inputs(batch), train=train, rngs=rngs)
+    return loss_sums(logits, targets, label_smoothing)
+  twice = jax.tree.map(lambda array: jnp.repeat(array, 2, axis=0), batch)
+  logits = model.apply({"params": params}, **decoder_inputs(twice), train=True, rngs=rngs)
+  logits = logits.reshape(targets.shape[0], 2, *logits.shape[1:])
+  loss_sum, sums = loss_sums(logits.reshape(-1, *logits.shape[2:]),
+                             twice["target_tokens"], label_smoothing)
+  weights = (targets != PAD_ID).astype(jnp.float32)
+  kl_sum = symmetric_kl_sum(logits[:, 0], logits[:, 1], weights)
+  loss_sum = 0.5 * loss_sum + 0.25 * rdrop_alpha * kl_sum
+  return loss_sum, dict(loss_sum=loss_sum, nll_sum=0.5 * sums["nll_sum"],
+                        rdrop_kl_sum=kl_sum, tokens=sums["tokens"] / 2)
 
 
 def init_transformer(model: Transformer, key: jax.Array) -> Any:
@@ -72,7 +94,7 @@ class TranslationTask(CorpusTask):
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     return translation_loss_sums(model, params, batch, train, dropout_key,
-                                 self.config.label_smoothing)
+                                 self.config.label_smoothing, self.config.rdrop_alpha)
 
   def dev_metrics(self, model: nn.Module, params: Any, sums: dict[str, float], mesh: Mesh
                   ) -> dict[str, float]:

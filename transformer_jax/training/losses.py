@@ -72,3 +72,20 @@ def loss_sums(logits: Array, targets: Array, label_smoothing: float
   weights = (targets != PAD_ID).astype(jnp.float32)
   loss_sum = jnp.sum(smoothed * weights)
   return loss_sum, dict(loss_sum=loss_sum, nll_sum=jnp.sum(nll * weights), tokens=jnp.sum(weights))
+
+
+def symmetric_kl_sum(logits_a: Array, logits_b: Array, weights: Array) -> Array:
+  """Σ over weighted positions of KL(p_a ‖ p_b) + KL(p_b ‖ p_a), R-Drop's consistency term.
+
+  The symmetric sum has the closed form Σ_v (p_a − p_b)(log p_a − log p_b), one pass over
+  the vocabulary for both directions.
+
+  Args:
+    logits_a, logits_b: float[batch, length, vocab], two predictions of the same targets.
+    weights: float[batch, length]; 0 where a position carries no loss (PAD).
+  """
+  log_probs_a = jax.nn.log_softmax(logits_a.astype(jnp.float32), axis=-1)
+  log_probs_b = jax.nn.log_softmax(logits_b.astype(jnp.float32), axis=-1)
+  per_position = jnp.sum((jnp.exp(log_probs_a) - jnp.exp(log_probs_b))
+                         * (log_probs_a - log_probs_b), axis=-1)
+  return jnp.sum(per_position * weights)
