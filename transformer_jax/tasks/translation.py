@@ -49,10 +49,10 @@ def translation_loss_sums(
   With `rdrop_alpha` > 0 in training (R-Drop, Liang et al., 2021), every sentence passes
   through the model twice under different dropout masks. The paper's loss, CE₁ + CE₂ +
   α · ½ (KL(p₁ ‖ p₂) + KL(p₂ ‖ p₁)), is halved so that its cross-entropy part stays the mean
-  of the two passes' smoothed losses, on the scale of a plain step's; the step costs about
-  twice the compute of the batch. The two copies of a row sit next to each other in one
-  batch of 2 × rows, so both stay on the row's device under data sharding. `rdrop_kl_sum`
-  sums the symmetric KL (logged per token as `rdrop_kl`).
+  of the two passes' smoothed losses, on the scale of a plain step's; the model runs on twice
+  the batch's rows. The two copies of a row sit next to each other in that batch, so both
+  stay on the row's device under data sharding. `rdrop_kl_sum` sums the symmetric KL (logged
+  per token as `rdrop_kl`).
   """
   rngs = {"dropout": dropout_key} if train else {}
   targets = batch["target_tokens"]
