@@ -11,7 +11,8 @@ from transformer_jax import sharding
 from transformer_jax.configs import default_config, validate_config
 from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.tasks.translation import decoder_inputs, init_transformer, translation_loss_sums
+from transformer_jax.tasks.translation import (decoder_inputs, init_transformer,
+                                               translation_loss_sums)
 from transformer_jax.training.losses import loss_sums, symmetric_kl_sum
 
 from test_train import run_steps, synthetic_batch, tiny_config
@@ -86,7 +87,8 @@ def test_the_kl_pulls_the_passes_together():
   assert kl_of(50.0) < kl_of(1e-9)
 
 
-@pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+@pytest.mark.skipif(jax.device_count() < 8,
+                    reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
 def test_rdrop_sharded_step_equals_single_device_step():
   config, _, _ = tiny_model(dropout_rate=0.1)
   config.rdrop_alpha = 5.0
