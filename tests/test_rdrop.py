@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from transformer_jax import sharding
 from transformer_jax.configs import default_config, validate_config
@@ -72,6 +73,37 @@ def test_the_passes_draw_different_masks_and_alpha_weighs_their_kl_by_a_quarter(
   assert float(eval_sums["nll_sum"]) == pytest.approx(float(plain["nll_sum"]), rel=1e-5)
 
 
+class DropoutNoise(nn.Module):
+  """Logits from the input tokens plus noise from the dropout stream, new for every row."""
+
+  vocab_size: int = 64  # The synthetic batch's ids are below 64.
+
+  @nn.compact
+  def __call__(self, src_tokens, target_input_tokens, train, **unused):
+    shape = (*target_input_tokens.shape, self.vocab_size)
+    noise = jax.random.normal(self.make_rng("dropout"), shape)
+    return 3.0 * jax.nn.one_hot(target_input_tokens, self.vocab_size) + noise
+
+
+def test_the_kl_pairs_each_row_with_its_copy_and_skips_pad():
+  tokens = batch()
+  model, key = DropoutNoise(), jax.random.key(4)
+  _, sums = translation_loss_sums(model, {}, tokens, True, key, 0.1, rdrop_alpha=5.0)
+  twice = {name: jnp.repeat(array, 2, axis=0) for name, array in tokens.items()}
+  logits = np.asarray(model.apply({"params": {}}, **decoder_inputs(twice), train=True,
+                                  rngs={"dropout": key}), np.float64)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  first, second = p[0::2], p[1::2]  # Row i's two copies.
+  both = np.sum((first - second) * (np.log(first) - np.log(second)), axis=-1)
+  not_pad = np.asarray(tokens["target_tokens"]) != 0
+  assert not not_pad.all()
+  expected = float(np.sum(both * not_pad))
+  assert float(sums["rdrop_kl_sum"]) == pytest.approx(expected, rel=1e-4)
+  assert float(sums["loss_sum"]) == pytest.approx(
+      float(sums["smoothed_ce_sum"]) + 5.0 / 4.0 * expected, rel=1e-4)
+
+
 def test_the_kl_pulls_the_passes_together():
   config, model, params = tiny_model(dropout_rate=0.3)
   tokens = batch()
@@ -103,13 +135,16 @@ def test_rdrop_sharded_step_equals_single_device_step():
   assert single_metrics["rdrop_kl"] > 0
 
 
-@pytest.mark.parametrize("task,alpha,message", [
-    ("translation", -1.0, "config.rdrop_alpha=-1.0 must be >= 0"),
-    ("causal_lm", 5.0, "translation task only, not 'causal_lm'; set config.rdrop_alpha=0"),
+@pytest.mark.parametrize("task,alpha,dropout_rate,message", [
+    ("translation", -1.0, 0.1, "config.rdrop_alpha=-1.0 must be >= 0"),
+    ("causal_lm", 5.0, 0.1, "translation task only, not 'causal_lm'; set config.rdrop_alpha=0"),
+    ("translation", 5.0, 0.0, "dropout rates are all 0; set config.model.dropout_rate > 0"),
 ])
-def test_a_negative_weight_or_another_task_is_a_one_line_error(task, alpha, message):
+def test_a_bad_weight_another_task_or_no_dropout_is_a_one_line_error(task, alpha, dropout_rate,
+                                                                      message):
   config = default_config()
   config.task, config.rdrop_alpha = task, alpha
+  config.model.dropout_rate = dropout_rate
   with pytest.raises(UserError, match=message.replace("(", r"\(")) as raised:
     validate_config(config)
   assert "\n" not in str(raised.value)

@@ -173,6 +173,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.rdrop_alpha > 0 and config.task != "translation":
     raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} is implemented for the "
                     f"translation task only, not {config.task!r}; set config.rdrop_alpha=0")
+  dropout_rates = [config.model.get(name, 0.0) for name in
+                   ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")]
+  if config.rdrop_alpha > 0 and not any(dropout_rates):
+    raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} needs dropout to compare two "
+                    "passes, but config.model's dropout rates are all 0; set "
+                    "config.model.dropout_rate > 0 or config.rdrop_alpha=0")
   if config.beam_size < 1:
     raise UserError(f"config.beam_size={config.beam_size} must be at least 1")
   if config.length_penalty < 0:

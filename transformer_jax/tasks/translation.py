@@ -51,8 +51,9 @@ def translation_loss_sums(
   α · ½ (KL(p₁ ‖ p₂) + KL(p₂ ‖ p₁)), is halved so that its cross-entropy part stays the mean
   of the two passes' smoothed losses, on the scale of a plain step's; the model runs on twice
   the batch's rows. The two copies of a row sit next to each other in that batch, so both
-  stay on the row's device under data sharding. `rdrop_kl_sum` sums the symmetric KL (logged
-  per token as `rdrop_kl`).
+  stay on the row's device under data sharding. `rdrop_kl_sum` sums the symmetric KL and
+  `smoothed_ce_sum` the loss without it (logged per token as `rdrop_kl` and `smoothed_ce`,
+  the latter comparable with a plain run's `loss`).
   """
   rngs = {"dropout": dropout_key} if train else {}
   targets = batch["target_tokens"]
@@ -66,9 +67,11 @@ def translation_loss_sums(
                              twice["target_tokens"], label_smoothing)
   weights = (targets != PAD_ID).astype(jnp.float32)
   kl_sum = symmetric_kl_sum(logits[:, 0], logits[:, 1], weights)
-  loss_sum = 0.5 * loss_sum + 0.25 * rdrop_alpha * kl_sum
-  return loss_sum, dict(loss_sum=loss_sum, nll_sum=0.5 * sums["nll_sum"],
-                        rdrop_kl_sum=kl_sum, tokens=sums["tokens"] / 2)
+  smoothed_ce_sum = 0.5 * loss_sum
+  loss_sum = smoothed_ce_sum + 0.25 * rdrop_alpha * kl_sum
+  return loss_sum, dict(loss_sum=loss_sum, smoothed_ce_sum=smoothed_ce_sum,
+                        nll_sum=0.5 * sums["nll_sum"], rdrop_kl_sum=kl_sum,
+                        tokens=sums["tokens"] / 2)
 
 
 def init_transformer(model: Transformer, key: jax.Array) -> Any:
