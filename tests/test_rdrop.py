@@ -105,7 +105,7 @@ def test_the_kl_pairs_each_row_with_its_copy_and_skips_pad():
 
 
 def test_the_kl_pulls_the_passes_together():
-  config, model, params = tiny_model(dropout_rate=0.3)
+  _, model, params = tiny_model(dropout_rate=0.3)
   tokens = batch()
   key = jax.random.key(3)
 

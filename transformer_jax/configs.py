@@ -17,7 +17,7 @@ import ml_collections
 
 from transformer_jax.data.config import default_data_config
 from transformer_jax.errors import UserError
-from transformer_jax.model.config import ModelConfig, default_model_config
+from transformer_jax.model.config import DROPOUT_RATES, ModelConfig, default_model_config
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -173,9 +173,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.rdrop_alpha > 0 and config.task != "translation":
     raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} is implemented for the "
                     f"translation task only, not {config.task!r}; set config.rdrop_alpha=0")
-  dropout_rates = [config.model.get(name, 0.0) for name in
-                   ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")]
-  if config.rdrop_alpha > 0 and not any(dropout_rates):
+  if config.rdrop_alpha > 0 and not any(config.model.get(name, 0.0) for name in DROPOUT_RATES):
     raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} needs dropout to compare two "
                     "passes, but config.model's dropout rates are all 0; set "
                     "config.model.dropout_rate > 0 or config.rdrop_alpha=0")

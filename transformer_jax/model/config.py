@@ -24,6 +24,7 @@ NORM_PLACEMENTS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu", "swish")  # swish = SiLU, x·sigmoid(x); gelu: the exact (erf) one.
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MATMUL_DTYPES = ("", "auto") + tuple(DTYPES)  # "": the compute dtype.
+DROPOUT_RATES = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")
 
 _CHOICES = {
     "positions": POSITION_KINDS,
@@ -86,7 +87,7 @@ class ModelConfig:
       value = getattr(self, key)
       if not isinstance(value, int) or value < 1:
         raise UserError(f"config.model.{key}={value!r} must be a positive integer")
-    for key in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+    for key in DROPOUT_RATES:
       if not 0.0 <= getattr(self, key) < 1.0:
         raise UserError(f"config.model.{key}={getattr(self, key)!r} must be in [0, 1)")
     for key, allowed in _CHOICES.items():

@@ -62,11 +62,10 @@ def translation_loss_sums(
     return loss_sums(logits, targets, label_smoothing)
   twice = jax.tree.map(lambda array: jnp.repeat(array, 2, axis=0), batch)
   logits = model.apply({"params": params}, **decoder_inputs(twice), train=True, rngs=rngs)
-  logits = logits.reshape(targets.shape[0], 2, *logits.shape[1:])
-  loss_sum, sums = loss_sums(logits.reshape(-1, *logits.shape[2:]),
-                             twice["target_tokens"], label_smoothing)
+  loss_sum, sums = loss_sums(logits, twice["target_tokens"], label_smoothing)
+  pairs = logits.reshape(targets.shape[0], 2, *logits.shape[1:])  # Row i's two passes.
   weights = (targets != PAD_ID).astype(jnp.float32)
-  kl_sum = symmetric_kl_sum(logits[:, 0], logits[:, 1], weights)
+  kl_sum = symmetric_kl_sum(pairs[:, 0], pairs[:, 1], weights)
   smoothed_ce_sum = 0.5 * loss_sum
   loss_sum = smoothed_ce_sum + 0.25 * rdrop_alpha * kl_sum
   return loss_sum, dict(loss_sum=loss_sum, smoothed_ce_sum=smoothed_ce_sum,
