@@ -84,7 +84,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_every_steps = 50
   config.checkpoint_every_minutes = 10.0
   config.keep_checkpoints = 10
-  config.average_last_checkpoints = 10
+  config.average_last_checkpoints = 10  # 20 or 30 of v20's lost on val (v25).
   config.final_eval_split = "test2016"
   config.final_eval_examples = 3
   # Chosen on val by report_run's grid (beam 4, 8 × α 0.6, 1.0, 1.5).
