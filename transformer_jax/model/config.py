@@ -146,8 +146,7 @@ class ModelConfig:
     if unknown:
       raise UserError(f"unknown key config.model.{unknown[0]}; valid keys are: "
                       + ", ".join(sorted(known)))
-    for key in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate",
-                "layer_norm_epsilon"):
+    for key in (*DROPOUT_RATES, "layer_norm_epsilon"):
       if key in values and isinstance(values[key], int) and not isinstance(values[key], bool):
         values[key] = float(values[key])
     for key in ("share_embeddings", "tie_output", "attention_bias", "logits_bias"):
