@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pathlib
 import tempfile
 
+
+def _cheap_compile_flags() -> str:
+  """XLA:CPU flags that make compiles cheaper; tiny models compile far longer than they run.
+
+  With the fusion emitters off (the older elemental emitter) the suite's summed test time
+  fell by a fifth. At the default optimisation level the same flag compiles and runs a
+  training step slower, so it is a test setting only. XLA aborts on a flag it does not
+  know, so that one is passed only to the jaxlib it was measured with.
+  """
+  flags = ["--xla_backend_optimization_level=0"]
+  if importlib.metadata.version("jaxlib").startswith("0.10."):
+    flags.append("--xla_cpu_use_fusion_emitters=false")
+  return " ".join(flags)
+
+
 # Before JAX is imported anywhere: 8 simulated CPU devices for the sharding
-# tests, cheaper XLA compiles (tiny models compile far longer than they run),
-# and one persistent compilation cache shared by the test processes.
+# tests, cheaper XLA compiles, and one persistent compilation cache shared by
+# the test processes (subprocesses inherit all three).
 os.environ.setdefault(
-    "XLA_FLAGS",
-    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+    "XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {_cheap_compile_flags()}"
 )
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "transformer_jax_test_jax_cache")

@@ -20,7 +20,8 @@ def run_benchmark(tmp_path, script: str, *args: str) -> dict:
   """Runs benchmarks/<script> on one CPU device; returns its last line, parsed as JSON."""
   env = dict(os.environ)
   # One device (not the suite's 8 simulated ones): a benchmark of the plain step.
-  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+  env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
+                              if "device_count" not in flag)
   completed = subprocess.run(
       [sys.executable, f"benchmarks/{script}", *args,
        f"--results_dir={tmp_path / 'results'}", f"--summary={tmp_path / 'README.md'}"],
