@@ -104,7 +104,7 @@ def test_wmt14_base_runs_end_to_end(wmt14_archives, tmp_path, capsys):
   config = load_module(REPO_ROOT / "experiments" / "configs" / "wmt14_base.py").get_config()
   # Tiny width and 2 layers (6 compile ~3x longer on 2 cores); the rest is the recipe's.
   config.model.update(dict(num_layers=2, d_model=32, d_ff=64, num_heads=2, d_k=16, d_v=16))
-  # One length bucket: one train-step shape to compile, not the recipe's twenty.
+  # One length bucket: one train-step shape to compile, not one per bucket of the recipe's 18.
   config.data.update(dict(prepared_dir=str(tmp_path / "cache"), vocab_size=300,
                           tokens_per_batch=2048, bucket_boundaries=(256,)))
   config.num_train_steps = 10
