@@ -332,6 +332,25 @@ def test_a_new_translator_of_the_same_model_compiles_nothing(model_and_params):
   assert beam._function(src.shape[1]) is not first._function(src.shape[1])
 
 
+def test_beam_search_at_another_alpha_compiles_nothing(model_and_params):
+  """α is an argument of the compiled search (report_run's grid compiles each beam size
+  once), and each α still decodes as its own search does."""
+  model, params = model_and_params
+  mesh = sharding.make_mesh(dict(data=-1, fsdp=1, tensor=1))
+  src = np.asarray(SRC)
+  at_06 = translator.Translator(model, params, mesh, translator.DecodeOptions(alpha=0.6))
+  at_06(src)
+  function = at_06._function(src.shape[1])
+  executables = function._cache_size()
+  for alpha in (0.0, 1.5):  # That α changes the search: test_search's length-penalty test.
+    options = translator.DecodeOptions(alpha=alpha)
+    other = translator.Translator(model, params, mesh, options)
+    assert other._function(src.shape[1]) is function
+    want = translator.decode_batch(model, params, SRC, options, src.shape[1] + 50)
+    np.testing.assert_array_equal(other(src), np.asarray(want))
+  assert function._cache_size() == executables  # Nothing compiled.
+
+
 def test_bad_decode_options_are_one_line_errors():
   from transformer_jax.errors import UserError
 

@@ -191,15 +191,18 @@ def test_length_penalty_reorders_short_and_long_hypotheses():
   probs[8, [EOS_ID, 5]] = [step, 1 - step]
   table = _log(probs)
   a, b = [4, EOS_ID], [6, 7, 8, EOS_ID]
+  # α as a number, and as a traced argument of one compiled search (translator.Translator).
+  traced = jax.jit(lambda alpha: search.beam_search(_bigram_model(table), {}, batch_size=1,
+                                                    beam_size=4, alpha=alpha, max_decode_len=8))
   for alpha, order in [(0.0, [a, b]), (1.0, [b, a])]:
-    seqs, scores = search.beam_search(_bigram_model(table), {}, batch_size=1,
-                                      beam_size=4, alpha=alpha,
-                                      max_decode_len=8)
-    got = [list(np.asarray(s)) for s in seqs[0, :2]]
-    assert got == [_padded(s, 8) for s in order], f"alpha={alpha}"
-    logprob = {2: -1.0, 4: -1.2}
-    want = [logprob[len(s)] / ((5 + len(s)) / 6) ** alpha for s in order]
-    np.testing.assert_allclose(scores[0, :2], want, rtol=1e-5)
+    for seqs, scores in [search.beam_search(_bigram_model(table), {}, batch_size=1,
+                                            beam_size=4, alpha=alpha, max_decode_len=8),
+                         traced(np.float32(alpha))]:
+      got = [list(np.asarray(s)) for s in seqs[0, :2]]
+      assert got == [_padded(s, 8) for s in order], f"alpha={alpha}"
+      logprob = {2: -1.0, 4: -1.2}
+      want = [logprob[len(s)] / ((5 + len(s)) / 6) ** alpha for s in order]
+      np.testing.assert_allclose(scores[0, :2], want, rtol=1e-5)
     assert _exhaustive(_bigram_next(table), 8, alpha)[0][1] == order[0]
 
 

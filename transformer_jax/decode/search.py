@@ -38,6 +38,7 @@ cache. The results equal those of one loop over a full-length cache.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -170,7 +171,7 @@ FINISH_RULES = ("t2t", "fairseq")
 STOP_RULES = ("exact", "best_finished")
 
 
-def length_penalty(length: jax.Array | float, alpha: float) -> jax.Array:
+def length_penalty(length: jax.Array | float, alpha: float | jax.Array) -> jax.Array:
   """GNMT length penalty lp = ((5 + length) / 6) ** alpha (paper §6.1).
 
   `length` counts the generated tokens including EOS. A finished hypothesis
@@ -305,7 +306,7 @@ def _validate(max_decode_len: int, beam_size: int = 1, alpha: float = 0.0,
   if int(beam_size) < 1:
     raise UserError(f"beam_size={beam_size} must be at least 1 "
                     "(the paper uses 4)")
-  if float(alpha) < 0:
+  if isinstance(alpha, numbers.Real) and alpha < 0:  # Not checkable when traced.
     raise UserError(f"alpha={alpha} must be >= 0 (0 disables the length "
                     "penalty; the paper uses 0.6)")
   if not float(temperature) > 0:
@@ -351,7 +352,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
                 cache: PyTree,
                 batch_size: int,
                 beam_size: int,
-                alpha: float,
+                alpha: float | jax.Array,
                 max_decode_len: int,
                 max_lengths: jax.Array | None = None,
                 eos_id: int = EOS_ID,

@@ -212,6 +212,7 @@ def _prepare_ensemble(searches: Sequence[_Search]) -> _Search:
 def decode_batch(
     model: Transformer | DecoderOnly | Ensemble, params, src_tokens: Array,
     options: DecodeOptions, max_decode_len: int, rng: Array | None = None,
+    alpha: float | Array | None = None,
 ) -> Array:
   """Best output tokens int32[batch, max_decode_len] (EOS, then PAD) for each source row.
 
@@ -222,6 +223,8 @@ def decode_batch(
     src_tokens: int32[batch, src_len], EOS-terminated, PAD-padded.
     max_decode_len: static output length; each row also stops at its own
       input length + options.max_extra_len.
+    alpha: beam search's length penalty, options.alpha where None; a traced float32[]
+      lets one compiled search serve every α.
   """
   cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
   first_length = cache_lengths[0] if cache_lengths else max_decode_len
@@ -240,7 +243,7 @@ def decode_batch(
                 sentences=sentences)
   if options.method == "beam":
     sequences, _ = search.beam_search(
-        step, cache, batch_size, options.beam_size, options.alpha,
+        step, cache, batch_size, options.beam_size, options.alpha if alpha is None else alpha,
         finish_rule=options.finish_rule, stop_rule=options.stop_rule,
         shrink_batch=options.shrink_batch, shared_cache=shares_beam_cache(model, options),
         **common
@@ -300,13 +303,14 @@ class Translator:
     """
     padded = sharding.shard_rows_held_everywhere(self._pad_rows(src_tokens), self.mesh)
     with sharding.mesh_context(self.mesh):
-      out = self._function(src_tokens.shape[1])(self.params, padded, rng)
+      out = self._function(src_tokens.shape[1])(self.params, padded, rng, self._alpha())
     return sharding.fetch_everywhere(out)[: src_tokens.shape[0]]
 
   def lower(self, src_tokens: np.ndarray, rng: Array | None = None) -> jax.stages.Lowered:
     """The decoding computation `__call__` runs for this batch shape (for profiling)."""
     with sharding.mesh_context(self.mesh):
-      return self._function(src_tokens.shape[1]).lower(self.params, self._pad_rows(src_tokens), rng)
+      return self._function(src_tokens.shape[1]).lower(self.params, self._pad_rows(src_tokens),
+                                                       rng, self._alpha())
 
   def _pad_rows(self, src_tokens: np.ndarray) -> np.ndarray:
     shards = sharding.batch_shards(self.mesh)
@@ -316,19 +320,27 @@ class Translator:
     padded[rows:, 0] = EOS_ID  # Filler rows: an empty sentence.
     return padded
 
+  def _alpha(self) -> np.ndarray:
+    return np.float32(self.options.alpha)
+
   def _function(self, src_len: int):
-    return _jitted_decode(self.model, self.options, self.mesh, self.max_decode_len(src_len))
+    # α is an argument of the compiled search, not part of its key: report_run's α grid
+    # compiles each beam size and shape once.
+    options = dataclasses.replace(self.options, alpha=0.0)
+    return _jitted_decode(self.model, options, self.mesh, self.max_decode_len(src_len))
 
 
 @functools.lru_cache(maxsize=64)
 def _jitted_decode(model: Transformer | DecoderOnly | Ensemble, options: DecodeOptions, mesh,
                    max_len: int):
-  """One jitted search per (architecture, options, mesh, output length), shared by every
-  Translator: params are an argument, so a reloaded or averaged checkpoint of the same
-  model (report_run's candidates, a benchmark's rounds) reuses every compiled shape."""
+  """One jitted search per (architecture, options but α, mesh, output length), shared by
+  every Translator: params and α are arguments, so a reloaded or averaged checkpoint of the
+  same model (report_run's candidates, a benchmark's rounds), decoded at any α, reuses every
+  compiled shape."""
   return jax.jit(
-      lambda params, src, rng: decode_batch(model, params, src, options, max_len, rng),
-      in_shardings=(None, sharding.batch_sharding(mesh), None),
+      lambda params, src, rng, alpha: decode_batch(model, params, src, options, max_len, rng,
+                                                   alpha),
+      in_shardings=(None, sharding.batch_sharding(mesh), None, None),
       out_shardings=sharding.batch_sharding(mesh),
   )
 
