@@ -35,6 +35,7 @@ from transformer_jax.model.chunked_attention import (
 from transformer_jax.model.dropout import Dropout, keep_mask
 from transformer_jax.model.flash_attention import pallas_attention
 from transformer_jax.model.masking import AttentionMask
+from transformer_jax.model.platform import compiling_for_local_devices, platform_in_force
 
 Array = jax.Array
 
@@ -85,12 +86,15 @@ def masked_softmax(logits: Array, mask: Array | None) -> Array:
 
 
 def check_cudnn(operand_dtype: Any) -> None:
-  """Raises a one-line UserError where cuDNN's flash attention cannot run."""
-  backend = jax.default_backend()
-  if backend != "gpu":
-    raise UserError(f"attention_impl='cudnn' needs an NVIDIA GPU (this backend: {backend}); "
+  """Raises a one-line UserError where cuDNN's flash attention cannot run (on the platform
+  of the mesh in force: a CPU host compiles it for a GPU target)."""
+  platform = platform_in_force()
+  if platform != "gpu":
+    raise UserError(f"attention_impl='cudnn' needs an NVIDIA GPU (this platform: {platform}); "
                      "use attention_impl='chunked' or 'plain'")
-  capability = float(getattr(jax.devices()[0], "compute_capability", "0") or 0)
+  # A cross-compiled target's compile-only devices state no capability; its compiler does.
+  capability = (float(getattr(jax.devices()[0], "compute_capability", "0") or 0)
+                if compiling_for_local_devices() else CUDNN_MIN_COMPUTE_CAPABILITY)
   if capability < CUDNN_MIN_COMPUTE_CAPABILITY:
     raise UserError(f"attention_impl='cudnn' needs a GPU of compute capability >= "
                      f"{CUDNN_MIN_COMPUTE_CAPABILITY} (this one: {capability}); use "

@@ -9,20 +9,28 @@ vector for queries and keys, so it serves self-attention only; there, PAD
 queries see only PAD keys (their outputs, which losses ignore, differ from
 the plain path's).
 
+The platform is that of the mesh in force (`platform.platform_in_force`), so
+a CPU host compiles either kernel for a TPU or GPU target it does not have.
 Elsewhere the call is a one-line error. Tests run both kernels on the CPU
 through Pallas's interpreters.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_attention
+from jax.sharding import PartitionSpec
 
 from transformer_jax.errors import UserError
 from transformer_jax.model.chunked_attention import round_up
 from transformer_jax.model.masking import AttentionMask
+from transformer_jax.model.platform import platform_in_force
 
 Array = jax.Array
 
@@ -85,19 +93,41 @@ def pallas_attention(
     query: [batch, q_len, heads, d_k]; key: [batch, k_len, heads, d_k];
       value: [batch, k_len, heads, d_v] (d_k != d_v is zero-padded).
     mask: padding, segments and causality only.
-    platform: "gpu" or "tpu"; None: the default backend.
+    platform: "gpu" or "tpu"; None: the mesh's (`platform_in_force`).
     interpret: run the GPU kernel in Pallas's interpreter (any backend; slow).
       The TPU kernel is interpreted inside
       `jax.experimental.pallas.tpu.force_tpu_interpret_mode()`, which must
       also cover the backward pass.
   """
-  platform = platform or jax.default_backend()
+  platform = platform or platform_in_force()
   batch, q_len, _, d_k = query.shape
   k_len, d_v = key.shape[1], value.shape[-1]
-  depth = max(d_k, d_v)
-  check_supported(platform, depth, q_len == k_len, mask)
-  causal = mask is not None and mask.causal
+  check_supported(platform, max(d_k, d_v), q_len == k_len, mask)
   query_ids, key_ids = _segment_ids(mask, batch, q_len, k_len)
+  kernel = functools.partial(_attend, platform=platform, causal=mask is not None and mask.causal,
+                             interpret=interpret)
+  return _per_shard(kernel)(query, key, value, query_ids, key_ids)
+
+
+def _per_shard(kernel: Callable[..., Array]) -> Callable[..., Array]:
+  """`kernel` run on each device's rows and heads under the mesh in force (`jax.shard_map`):
+  XLA cannot partition a Mosaic or Triton kernel itself. Rows split as the logical 'batch'
+  axis and heads as 'heads' (the rule table in force); no mesh: `kernel` itself."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return kernel
+  heads = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+  ids = PartitionSpec(heads[0], None)
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(heads, heads, heads, ids, ids),
+                       out_specs=heads, check_vma=False)
+
+
+def _attend(query: Array, key: Array, value: Array, query_ids: Array, key_ids: Array,
+            platform: str, causal: bool, interpret: bool) -> Array:
+  """The kernel on one device's share: [batch, q_len, heads, d_v]."""
+  q_len, d_k = query.shape[1], query.shape[-1]
+  k_len, d_v = key.shape[1], value.shape[-1]
+  depth = max(d_k, d_v)
   # Zero-padding Q and K leaves QKᵀ unchanged; the padded V columns are cut below.
   query, key, value = (_pad_length(x, depth, axis=3) for x in (query, key, value))
   scale = float(d_k) ** -0.5

@@ -79,6 +79,19 @@ def embedding(num_embeddings: int, config: ModelConfig, name: str) -> nn.Embed:
   )
 
 
+def lookup(embedding: nn.Embed, tokens: Array, config: ModelConfig) -> Array:
+  """[batch, length, d_model]: the rows of `embedding` that `tokens` (int[batch, length]) name.
+
+  The table is gathered whole along 'embed' first (under fsdp, the all-gather every
+  weight gets) and stays split along 'vocab': left to itself, the SPMD partitioner
+  meets a table split over fsdp and a batch split over fsdp in one gather, and
+  replicates the whole output to reshard it.
+  """
+  table = jnp.asarray(embedding.embedding, config.compute_dtype)
+  table = nn.with_logical_constraint(table, ("vocab", None))
+  return jnp.take(table, tokens, axis=0)
+
+
 class EmbedTokens(nn.Module):
   """Token embedding × √d_model (§3.4) + positions (§3.5), then dropout (§5.4)."""
 
@@ -89,7 +102,7 @@ class EmbedTokens(nn.Module):
   def __call__(self, tokens: Array, positions: Array, train: bool) -> Array:
     """tokens, positions: int[batch, length] -> [batch, length, d_model]."""
     config = self.config
-    embedded = self.embedding(tokens) * jnp.sqrt(config.d_model).astype(config.compute_dtype)
+    embedded = lookup(self.embedding, tokens, config) * jnp.sqrt(config.d_model).astype(config.compute_dtype)
     embedded = PositionalEncoding(
         config.positions, config.d_model, config.max_len, config.sinusoid_layout,
         name="positions")(embedded, positions)

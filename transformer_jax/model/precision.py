@@ -25,6 +25,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.model.platform import platform_in_force
+
 Array = jax.Array
 
 
@@ -310,7 +312,7 @@ def decoding_cache_dtype(operand_dtype: Any, compute_dtype: Any) -> Any:
   search, which reorders its self-attention cache every step, stores that part in the
   operand dtype again (cache.stored_as): half the bytes to move.
   """
-  if jax.default_backend() == "cpu" and jnp.dtype(compute_dtype) == jnp.float32:
+  if platform_in_force() == "cpu" and jnp.dtype(compute_dtype) == jnp.float32:
     return jnp.dtype(jnp.float32)
   return jnp.dtype(operand_dtype)
 
