@@ -32,6 +32,11 @@ os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "transformer_jax_test_jax_cache")
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# The tests run on the CPU; with the [aot] extra installed and no GPU, JAX keeps the CUDA
+# plugin's compiler (tests/hardware/ compiles for GPU targets) only when told the platform.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu locks /tmp/libtpu_lockfile for one process at a time; compiling needs no TPU.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import pytest  # noqa: E402
 

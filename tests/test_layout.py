@@ -11,19 +11,20 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer_jax"
 
 # Layer -> the layers it must not import. ("" is a top-level module such as sharding.py.)
 FORBIDDEN = {
-    "model": {"training", "data", "decode", "tasks", "cli"},
-    "data": {"model", "training", "decode", "tasks", "cli"},
-    "decode": {"training", "tasks", "cli"},
-    "training": {"tasks", "cli"},  # The trainer knows no task.
-    "metrics": {"model", "training", "data", "decode", "tasks", "cli"},
-    "tasks": {"cli"},
-    "interop": {"cli"},
+    "model": {"training", "data", "decode", "tasks", "hardware", "cli"},
+    "data": {"model", "training", "decode", "tasks", "hardware", "cli"},
+    "decode": {"training", "tasks", "hardware", "cli"},
+    "training": {"tasks", "hardware", "cli"},  # The trainer knows no task.
+    "metrics": {"model", "training", "data", "decode", "tasks", "hardware", "cli"},
+    "tasks": {"hardware", "cli"},
+    "interop": {"hardware", "cli"},
+    "hardware": {"cli"},  # Compiling a task's programs for a target: above tasks.
 }
-LAYERS = {"model", "data", "decode", "training", "tasks", "metrics", "interop", "cli"}
+LAYERS = {"model", "data", "decode", "training", "tasks", "metrics", "interop", "hardware", "cli"}
 LIBRARY_LAYERS = LAYERS - {"cli"} | {""}
 # `python -m transformer_jax.<command>`: two-line entry points into cli/, part of that layer.
 COMMANDS = {"train", "translate", "evaluate", "average_checkpoints", "model_info", "generate",
-            "import_marian", "export"}
+            "import_marian", "export", "precompile"}
 OUTSIDE_PACKAGE = ("experiments", "benchmarks", "tests")
 
 

@@ -2,9 +2,10 @@
 
 `state_bytes` needs no devices: on a `jax.sharding.AbstractMesh` of any size it
 sizes a pod's layout from shapes and the sharding rules alone. `step_bytes`
-compiles the real train step for one batch shape on real devices (simulated
-ones on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N) and reads
-XLA's memory analysis of it.
+compiles the real train step for one batch shape on this process's devices
+(simulated ones on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)
+and reads XLA's memory analysis of it; `lower_train_step` lowers it for any
+devices, a TPU or GPU target's included (`transformer_jax.hardware`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jax.sharding import AbstractMesh, Mesh
 from transformer_jax import sharding
 from transformer_jax.errors import UserError
 from transformer_jax.training.schedules import make_optimizer, make_schedule
-from transformer_jax.training.state import InitParams, abstract_train_state
+from transformer_jax.training.state import InitParams, TrainState, abstract_train_state
 from transformer_jax.training.step import LossFn, compile_steps
 
 
@@ -53,24 +54,37 @@ def batch_shape(config: ml_collections.ConfigDict, mesh: Mesh) -> tuple[int, int
   return rows, length
 
 
-def step_bytes(config: ml_collections.ConfigDict, init_params: InitParams, loss_fn: LossFn,
-               batch_keys: Sequence[str], mesh: Mesh) -> dict[str, int]:
-  """XLA's memory analysis of the compiled train step on `mesh` (bytes per device).
-
-  Returns {'temporaries', 'arguments', 'outputs', 'rows', 'length'} for one
-  batch of `batch_shape` rows; packed data adds its segment-id and position
-  arrays.
-  """
+def lower_train_step(config: ml_collections.ConfigDict, init_params: InitParams,
+                     loss_fn: LossFn, batch_keys: Sequence[str], mesh: Mesh,
+                     rows: int | None = None) -> tuple[jax.stages.Lowered, TrainState]:
+  """The real train step lowered on `mesh` for a batch of `rows` rows (None: `batch_shape`'s)
+  of data.max_len tokens, from abstract arguments only: no array is allocated, so `mesh` may
+  hold a TPU slice's or a GPU node's compile-only devices. Packed data adds its segment-id
+  and position arrays. Returns (lowered, the abstract state it takes)."""
   optimizer = make_optimizer(config)
   state = abstract_train_state(init_params, optimizer, mesh)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
   train_step, _ = compile_steps(loss_fn, optimizer, make_schedule(config), config, mesh,
                                 shardings)
-  rows, length = batch_shape(config, mesh)
+  if rows is None:
+    rows, _ = batch_shape(config, mesh)
+  length = int(config.data.max_len)
   keys = [k for k in batch_keys if config.data.pack or not k.endswith(("segment_ids", "positions"))]
   batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32,
                                      sharding=sharding.batch_sharding(mesh)) for key in keys}
-  analysis = train_step.lower(state, batch).compile().memory_analysis()
+  return train_step.lower(state, batch), state
+
+
+def step_bytes(config: ml_collections.ConfigDict, init_params: InitParams, loss_fn: LossFn,
+               batch_keys: Sequence[str], mesh: Mesh) -> dict[str, int]:
+  """XLA's memory analysis of the compiled train step on `mesh` (bytes per device).
+
+  Returns {'temporaries', 'arguments', 'outputs', 'rows', 'length'} for one
+  batch of `batch_shape` rows.
+  """
+  rows, length = batch_shape(config, mesh)
+  lowered, _ = lower_train_step(config, init_params, loss_fn, batch_keys, mesh, rows)
+  analysis = lowered.compile().memory_analysis()
   return dict(temporaries=int(analysis.temp_size_in_bytes),
               arguments=int(analysis.argument_size_in_bytes),
               outputs=int(analysis.output_size_in_bytes), rows=rows, length=length)

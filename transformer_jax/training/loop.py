@@ -30,7 +30,7 @@ from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.info import format_counts, parameter_counts
-from transformer_jax.training import budget, checkpoints, init_from
+from transformer_jax.training import budget, checkpoints, compiled_step, init_from
 from transformer_jax.training.metric_writers import MetricsWriter
 from transformer_jax.training.preemption import PreemptionWatcher
 from transformer_jax.training.schedules import USES_STEP_COUNT, make_optimizer, make_schedule
@@ -117,6 +117,8 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
   sharding.log_topology(mesh)
   task.prepare_data()
   model, state, train_fn, eval_fn = build_steps(config, task, mesh)
+  # An executable `precompile --workdir` saved for these devices serves its batch shape.
+  train_fn = compiled_step.with_saved_step(train_fn, workdir, config, mesh)
   if jax.process_index() == 0:
     print("parameters:\n" + format_counts(parameter_counts(state.params)), flush=True)
     if config.model.matmul_dtype == "auto":
