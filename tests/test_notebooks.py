@@ -89,4 +89,5 @@ def test_tpu_training_cpu_fallback_runs(tmp_path):
   notebook = execute("tpu_training.ipynb", tmp_path / "run", tmp_path)
   text = "".join(outputs(notebook, "text"))
   assert "CPU fallback: tiny model" in text and "trained to step 10" in text, text[-2000:]
+  assert "GiB a device of" in text, text[-2000:]  # The fit check compiled the step.
   assert "dev perplexity" in text, text[-2000:]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import sharding
-from transformer_jax.configs import default_config
+from transformer_jax.configs import default_config, load_module
 from transformer_jax.errors import UserError
 from transformer_jax.hardware import analysis, precompile, targets
 from transformer_jax.tasks.registry import make_task
@@ -98,7 +98,7 @@ def test_candidate_meshes_add_fsdp_then_tensor():
 @pytest.mark.parametrize("mesh", MESHES, ids=lambda m: "x".join(map(str, m.values())))
 def test_no_mesh_makes_the_partitioner_replicate_a_tensor(task, mesh):
   """The embedding lookups once made XLA replicate their output whole on data x fsdp x tensor."""
-  report, _ = precompile.compile_train_step(tiny_config(task), targets.get_target("cpu"), mesh)
+  report, _ = precompile.compile_train_step(tiny_config(task), targets.get_target("local"), mesh)
   assert not report.rematerializations, (
       f"{task} on {mesh}: the partitioner replicated a tensor in full: "
       f"{report.rematerializations}")
@@ -142,11 +142,33 @@ def test_a_batch_smaller_than_the_mesh_is_compiled_at_one_row_a_shard():
     precompile.batch_rows(config, mesh, 12)
 
 
+TINY_CONFIG_FILE = """
+from transformer_jax.configs import default_config, load_module
+
+
+def get_config():
+  config = default_config()
+  config.model.update(dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=4,
+                           max_len=64, dropout_rate=0.0))
+  config.data.update(dict(max_len=16, tokens_per_batch=16 * 16))
+  return config
+"""
+
+
 def test_a_saved_step_loads_and_runs_like_the_compiled_one(tmp_path):
-  config = tiny_config()
+  """The precompile command saves the step (a fresh process: XLA:CPU shares kernels between
+  the programs one process compiles, and a program that reuses one serializes without it);
+  loaded here, it runs as this process's own compile of the step does, bit for bit."""
+  config_file = tmp_path / "tiny_config.py"
+  config_file.write_text(TINY_CONFIG_FILE)
+  saved = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.precompile", f"--config={config_file}",
+       "--target=local", "--mesh=data=4,fsdp=2,tensor=1", "--nodecode", f"--workdir={tmp_path}"],
+      capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert saved.returncode == 0, saved.stderr[-2000:]
+  config = load_module(config_file).get_config()
   mesh_sizes = dict(data=4, fsdp=2, tensor=1)
-  report, compiled = precompile.compile_train_step(config, targets.get_target("cpu"), mesh_sizes)
-  compiled_step.save(compiled, str(tmp_path), config)
+  report, compiled = precompile.compile_train_step(config, targets.get_target("local"), mesh_sizes)
 
   mesh = sharding.make_mesh(mesh_sizes)
   task = make_task(config)

@@ -5,7 +5,8 @@
       [--workdir=RUN]
 
 Targets: v5e-1, v5e-8, v5e-256, v5p-8, v5p-128, 2xv5p-128, v6e-1, v6e-8, h100x8,
-h200x8, 2xh100x8, b200x8 (hardware/targets.py), and cpu (this host). Prints, per
+h200x8, 2xh100x8, b200x8 (hardware/targets.py), and local (this process's own
+devices: a Colab TPU, a GPU, or the CPU with --config.cpu_devices). Prints, per
 device, what the step holds against the device's memory, the collectives, the
 compiler's FLOPs and the roofline bound they give on TPUs, and the compile
 time. Where the config's mesh does not fit it tries more fsdp, then tensor.
@@ -23,12 +24,13 @@ import sys
 import jax
 from absl import app, flags
 
+from transformer_jax import sharding
 from transformer_jax.cli import common
 from transformer_jax.cli.model_info import parse_mesh
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.hardware import precompile
 from transformer_jax.hardware.analysis import COLLECTIVES
-from transformer_jax.hardware.targets import get_target
+from transformer_jax.hardware.targets import LOCAL, get_target
 from transformer_jax.training import compiled_step
 
 MiB, GiB = 2**20, 2**30
@@ -91,14 +93,17 @@ def main(argv: list[str]) -> None:
   if common.FLAGS.config is None:
     raise UserError("--config is required, e.g. --config=experiments/configs/wmt14_base.py")
   FLAGS = flags.FLAGS
-  # Compile-only devices need no local accelerator; without a GPU, JAX keeps its CUDA
-  # compiler only when told to run on the CPU.
-  jax.config.update("jax_platforms", "cpu")
+  config = common.FLAGS.config
+  if FLAGS.target == LOCAL:
+    sharding.use_cpu_devices(config.cpu_devices)  # Before JAX's first operation.
+  else:
+    # Compile-only devices need no local accelerator; without a GPU, JAX keeps its CUDA
+    # compiler only when told to run on the CPU.
+    jax.config.update("jax_platforms", "cpu")
   # libtpu holds /tmp/libtpu_lockfile for one process; a compile-only topology drives no chip.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   # A compile read back from the persistent cache would skip the partitioner and its log.
   jax.config.update("jax_enable_compilation_cache", False)
-  config = common.FLAGS.config
   target = get_target(FLAGS.target)
   requested = parse_mesh(FLAGS.mesh) if FLAGS.mesh else config.mesh
   first = precompile.mesh_sizes(requested, target.devices)
@@ -118,6 +123,9 @@ def main(argv: list[str]) -> None:
   if not report.fits:
     print("does not fit on any mesh tried; in order, try: " + "; ".join(precompile.FIXES),
           flush=True)
+  if FLAGS.workdir and compiled is not None:
+    path = compiled_step.save(compiled, os.path.expanduser(FLAGS.workdir), config)
+    print(f"saved the train step's executable: {path}", flush=True)
   decode = (precompile.compile_decoding(config, target, report.mesh, report.rows,
                                         int(config.data.max_len) // 2)
             if report.fits and FLAGS.decode else None)
@@ -128,9 +136,6 @@ def main(argv: list[str]) -> None:
     with open(FLAGS.json, "w") as f:
       json.dump(dict(config=FLAGS["config"].config_filename, target=target.name,
                      reports=[r.to_json() for r in reports]), f, indent=1)
-  if FLAGS.workdir and compiled is not None:
-    path = compiled_step.save(compiled, os.path.expanduser(FLAGS.workdir), config)
-    print(f"saved the train step's executable: {path}", flush=True)
   replicated = [w for r in reports for w in r.rematerializations]
   if replicated:
     print(f"error: the partitioner replicated a sharded tensor in full {len(replicated)} "

@@ -30,7 +30,7 @@ from transformer_jax.decode.generate import generate
 from transformer_jax.decode.translator import DecodeOptions, Translator
 from transformer_jax.errors import UserError
 from transformer_jax.hardware import analysis
-from transformer_jax.hardware.targets import Target, target_devices
+from transformer_jax.hardware.targets import LOCAL, Target, target_devices
 from transformer_jax.model import precision
 from transformer_jax.model.info import abstract_params
 from transformer_jax.tasks.base import Task
@@ -97,7 +97,7 @@ def for_target(config: ml_collections.ConfigDict, target: Target) -> ml_collecti
   target's chip (bfloat16 on TPUs and on GPUs from Ampere on), not for this host."""
   config = copy.deepcopy(config)
   if config.model.matmul_dtype == "auto":
-    if target.platform == "cpu":
+    if target.name == LOCAL:
       native = precision.native_bfloat16_here()[0]
     else:
       native = precision.native_bfloat16(target.platform, gpu_capability="9.0")[0]

@@ -23,7 +23,7 @@ from transformer_jax.errors import UserError
 
 GiB = 2**30
 SPECS = pathlib.Path(__file__).resolve().parent / "specs"
-CPU = "cpu"
+LOCAL = "local"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +107,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _tpu("2xv5p-128", "TPU v5p", "v5:4x4x4", 64, 95, 459, 2765, megacore=True, num_slices=2),
     _tpu("v6e-1", "TPU v6e", "v6e:1x1", 1, 32, 918, 1640, single_chip=True),
     _tpu("v6e-8", "TPU v6e", "v6e:2x4", 8, 32, 918, 1640),
+    _gpu("h100x1", "NVIDIA H100 SXM", "h100.txtpb", "1x1x1", 989),
     _gpu("h100x8", "NVIDIA H100 SXM", "h100.txtpb", "1x1x8", 989),
     _gpu("h200x8", "NVIDIA H200 SXM", "h200.txtpb", "1x1x8", 989),
     _gpu("2xh100x8", "NVIDIA H100 SXM", "h100.txtpb", "1x2x8", 989),
@@ -122,20 +123,36 @@ INSTALL = {
 
 def get_target(name: str) -> Target:
   """The target called `name`; an unknown name is a one-line UserError listing the known."""
-  if name == CPU:
-    return local_cpu_target()
+  if name == LOCAL:
+    return local_target()
   if name not in TARGETS:
     raise UserError(f"--target={name!r} is not a known target; use one of "
-                    f"{', '.join(TARGETS)} or {CPU} (this host's devices)")
+                    f"{', '.join(TARGETS)} or {LOCAL} (this process's own devices)")
   return TARGETS[name]
 
 
-def local_cpu_target() -> Target:
-  """This process's CPU devices, with the host's memory shared among them."""
-  count = jax.local_device_count()
-  memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-  return Target(CPU, "cpu", "this host's CPU", count, f"{count} devices", memory // count,
-                0.0, 0.0)
+def local_target() -> Target:
+  """This process's devices (a Colab TPU, a GPU, or the CPU): their memory as the runtime
+  reports it (the CPU's: the host's, shared among its devices), their data-sheet figures
+  where a table entry has the same chip."""
+  devices = jax.local_devices()
+  device = devices[0]
+  platform = device.platform
+  stats = device.memory_stats() if platform != "cpu" else None
+  if stats and stats.get("bytes_limit"):
+    memory = int(stats["bytes_limit"])
+  else:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // len(devices)
+  same_chip = next((t for t in TARGETS.values() if t.platform == platform
+                    and _device_kinds.get(t.chip, t.chip) in device.device_kind), None)
+  return Target(LOCAL, platform, device.device_kind, len(devices), f"{len(devices)} devices",
+                memory, same_chip.peak_flops if same_chip else 0.0,
+                same_chip.memory_bandwidth if same_chip else 0.0)
+
+
+# How JAX names the table's chips (Device.device_kind).
+_device_kinds = {"TPU v5e": "TPU v5 lite", "TPU v6e": "TPU v6 lite", "TPU v5p": "TPU v5",
+                 "NVIDIA H100 SXM": "H100", "NVIDIA H200 SXM": "H200", "NVIDIA B200": "B200"}
 
 
 def installed(platform: str) -> bool:
@@ -166,11 +183,12 @@ def _devices(target: Target) -> tuple[jax.Device, ...]:
 
 
 def target_devices(target: Target) -> list[jax.Device]:
-  """The target's devices: compile-only ones for a TPU or GPU target, this host's for cpu.
+  """The target's devices: compile-only ones for a TPU or GPU target, this process's own for
+  the local one.
 
   Raises a one-line UserError naming the install when the compiler is missing.
   """
-  if target.platform == CPU:
+  if target.name == LOCAL:
     return list(jax.local_devices())
   if not installed(target.platform):
     raise UserError(f"--target={target.name} compiles with the {target.platform.upper()} "

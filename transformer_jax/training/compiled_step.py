@@ -7,6 +7,9 @@ compiled for. `train` on that run calls `with_saved_step` on its own jitted
 step: where the devices, mesh and config match the record, batches of the
 recorded shape run the saved executable, so the first step compiles nothing;
 batches of any other shape, and any mismatch, take the jitted step as before.
+Save from a process that compiled nothing else: XLA:CPU reuses kernels between the
+programs one process compiles, and a CPU executable that reused one serializes without
+it (the precompile command compiles one step a process).
 """
 
 from __future__ import annotations
