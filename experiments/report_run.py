@@ -1,7 +1,7 @@
 """The result of one finished training run, chosen on dev and reported on test.
 
   TRANSFORMER_JAX_DATA_DIR=../shared/data python experiments/report_run.py \
-      --workdir=runs/multi30k --out=results/multi30k
+      --workdir=runs/multi30k --out=results/multi30k/v20_rsqrt
 
 For the latest checkpoint and for the average of the last N ones, for each N
 in `--average` (e.g. `--average=5,10`), it decodes the dev split (§6.1 beam

@@ -36,7 +36,8 @@ chooses the checkpoint average, beam size and α on val and decodes test2016 onc
 v20 (2026-12-06, 2 cores of an Intel Xeon with AMX): 4,788 steps in 54 min 55 s; val
 tok-lc BLEU 41.80; test2016 sacreBLEU 39.97, tokenized-lowercase BLEU 40.40. Wu et al.'s
 own recipe (multi30k_wu2021_tiny.py: 8,000 steps on lowercased text, 1 h 59 min on the
-same host) scores 41.40. Every run, host and earlier recipe: results/multi30k/README.md.
+same host) scores 41.40. The result and its files: results/multi30k/README.md; every run,
+host and earlier recipe: results/multi30k/HISTORY.md.
 """
 
 import ml_collections
