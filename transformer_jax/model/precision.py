@@ -5,10 +5,9 @@ operands of every matmul to bfloat16, accumulates in float32 and returns
 float32, forward and backward; LayerNorm, softmax, residuals and the optimizer
 stay in float32. This is what a TPU's matrix unit does, and on a CPU with AMX
 (Sapphire Rapids and later) or AVX512-BF16 (AMD Zen 4) it is the only bfloat16
-form XLA runs fast: a 2048² matmul ran at 1,537 GFLOP/s with bfloat16 operands
-and a float32 result, 288 with a bfloat16 result and 353 in float32 on 2 AMX
-cores; 386, 158 and 199 GFLOP/s on 2 AVX512-BF16 cores (benchmarks/NOTES.md,
-the runs of 2026-12-01 11:00 and 2026-12-01 evening (Zen 4 EPYC host)).
+form XLA runs fast: faster than float32 there, where a bfloat16 result runs
+slower than float32 (the 2048² matmul rates of an AMX and a Zen 4 host:
+benchmarks/NOTES.md, 2026-12-01).
 
 JAX's own transpose of a bfloat16 x bfloat16 -> float32 dot multiplies the
 float32 cotangent by a float32 copy of the other operand: the backward pass
