@@ -61,7 +61,7 @@ def write_summary(results_dir: pathlib.Path, summary: pathlib.Path) -> None:
   ratio = lambda x: f"{x:.2f}×" if isinstance(x, (int, float)) else ""
   when = lambda r: f"{r['date']} {r.get('time', '')[:5]}".strip()
   load = lambda r: str(r.get("load_average", [""])[0])
-  kind = lambda r: f"{r['device']['device_kind']}×{r['device']['devices']}"
+  kind = lambda r: f"{device_name(r['device'])} ×{r['device']['devices']}"
   written = summary.read_text() if summary.exists() else ""
   head = written[: written.index(GENERATED_MARKER)] if GENERATED_MARKER in written else "# Benchmarks\n\n"
   lines = [
@@ -197,6 +197,25 @@ def _engine_label(r: dict, name: str) -> str:
   if name.startswith("jax_"):
     return _ours_label({**r, "shrink_batch": name == "jax_shrinking"})
   return name
+
+
+def device_name(device: dict) -> str:
+  """The accelerator's kind, or for a CPU its model and the matmul extensions that decide its
+  speed, as recorded ('Intel(R) Xeon(R) Processor (family 6 model 167, AMX)'); rows from
+  before flags were recorded say so."""
+  if device["platform"] != "cpu":
+    return device["device_kind"]
+  flags = device.get("host_cpu_flags")
+  if flags is None:
+    isa = "extensions not recorded"
+  elif "amx_bf16" in flags:
+    isa = "AMX"
+  elif "avx512_bf16" in flags:
+    isa = "AVX512-BF16"
+  else:
+    isa = "AVX-512" if "avx512f" in flags else "AVX2"
+  model = device.get("host_cpu_id")
+  return f"{device.get('host_cpu', 'CPU')} ({f'{model}, ' if model else ''}{isa})"
 
 
 def _ours_label(r: dict) -> str:
