@@ -23,6 +23,7 @@ import threading
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+REMATERIALIZATION = "Involuntary full rematerialization"
 # Recipe name -> (config file, extra overrides).
 RECIPES = {
     "quickstart": ("quickstart.py", ()),
@@ -43,7 +44,7 @@ LIMIT_SIZES = {
     "layers": [6, 12, 24, 48, 96],
 }
 TARGETS = ("v5e-1", "v5e-8", "v5e-256", "v5p-8", "v5p-128", "2xv5p-128", "v6e-1", "v6e-8",
-           "h100x8", "h200x8", "2xh100x8")
+           "h100x8", "h200x8", "2xh100x8", "b200x8")
 GiB = 2**30
 
 
@@ -79,7 +80,7 @@ def compile_cell(out: pathlib.Path, recipe: str, target: str) -> str:
   text.write_text(f"$ {' '.join(command[1:])}\n(exit {result.returncode}, "
                   f"{time.time() - started:.0f} s wall)\n{result.stdout}\n"
                   + "\n".join(line for line in result.stderr.splitlines()
-                              if line.startswith(("error", "W", "E")) and "libtpu" not in line))
+                              if line.startswith("error") or REMATERIALIZATION in line))
   if not json_path.exists():  # The command failed before any report.
     json_path.write_text(json.dumps(dict(config=config, target=target, reports=[],
                                          error=result.stderr.strip().splitlines()[-1:])))

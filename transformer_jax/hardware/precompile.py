@@ -4,7 +4,7 @@
 largest batch on a mesh over the target's compile-only devices, compiles it
 with the target's compiler, and reads back what each device holds, the
 collectives the partitioner inserted, the compiler's FLOP count and any
-sharding it could only reach by replicating a whole tensor. `fitting_step`
+sharding it could only reach by replicating a whole tensor. `fitting_train_step`
 tries the config's mesh, then more fsdp, then tensor parallelism, until one
 fits in the device's memory. Nothing runs: figures are the compiler's, with no
 autotuning on GPU and no timing.
@@ -34,7 +34,9 @@ from transformer_jax.hardware.targets import LOCAL, Target, target_devices
 from transformer_jax.model import precision
 from transformer_jax.model.info import abstract_params
 from transformer_jax.tasks.base import Task
+from transformer_jax.tasks.causal_lm import CausalLMTask
 from transformer_jax.tasks.registry import make_task
+from transformer_jax.tasks.translation import TranslationTask
 from transformer_jax.training import footprint
 
 GiB = 2**30
@@ -49,7 +51,7 @@ class Report:
   """One program compiled for one target: what each device holds and does."""
 
   target: Target
-  program: str                  # "train step" or "beam search".
+  program: str                  # "train step", "beam search" or "sampling".
   mesh: dict[str, int]
   rows: int
   length: int
@@ -260,16 +262,16 @@ def compile_decoding(config: ml_collections.ConfigDict, target: Target, mesh: di
   sources of `length` tokens; causal_lm: sampling `length` new tokens after prompts
   of `length` tokens from the KV cache. Other tasks decode nothing: None.
   """
-  if config.task not in ("translation", "causal_lm"):
-    return None
   config = for_target(config, target)
   task, model = _task_parts(config)
+  if not isinstance(task, (TranslationTask, CausalLMTask)):
+    return None
   device_mesh = sharding.make_mesh(mesh, target_devices(target))
   shards = sharding.batch_shards(device_mesh)
   rows = max(rows // shards, 1) * shards
   params = _abstract_params(task, model, device_mesh)
   with target_platform(device_mesh):
-    if config.task == "translation":
+    if isinstance(task, TranslationTask):
       translator = Translator(model, params, device_mesh, DecodeOptions.from_config(config))
       lowered = translator.lower(np.zeros((rows, length), np.int32))
       program = "beam search"
