@@ -20,7 +20,7 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.layers import SublayerConnection
 from transformer_jax.model.positions import sinusoidal_encoding
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.schedules import make_optimizer, make_schedule
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer, make_schedule
 
 TOKENS = jnp.array([[5, 6, 7, 8]])
 
@@ -113,8 +113,7 @@ def test_dropout_falls_on_the_sum_of_embeddings_and_positions():
 
 
 def test_adam_uses_beta1_0_9_beta2_0_98_and_epsilon_1e_9():
-  config = default_config()
-  config.model.d_model = 512
+  config = OptimizerConfig.from_config(default_config())  # d_model 512.
   optimizer = make_optimizer(config)
   params = jnp.zeros(3)
   gradients = [jnp.array([1.0, -2.0, 1e-9]), jnp.array([3.0, 0.5, 1e-9])]
@@ -139,9 +138,8 @@ def test_adam_uses_beta1_0_9_beta2_0_98_and_epsilon_1e_9():
     (100_000, 512**-0.5 * 100_000**-0.5),  # step^-0.5
 ])
 def test_learning_rate_follows_section_5_3_for_d_model_512(step, rate):
-  config = default_config()
-  config.model.d_model = 512
-  assert config.schedule == "paper" and config.warmup_steps == 4000
+  config = OptimizerConfig.from_config(default_config())
+  assert (config.schedule, config.warmup_steps, config.d_model) == ("paper", 4000, 512)
   # optax counts updates already applied: update number `step` sees count step - 1.
   assert float(make_schedule(config)(step - 1)) == pytest.approx(rate, rel=1e-6)
 

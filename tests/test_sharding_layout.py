@@ -23,7 +23,7 @@ from transformer_jax import sharding
 from transformer_jax.configs import default_config
 from transformer_jax.tasks.translation import TranslationTask
 from transformer_jax.training import footprint
-from transformer_jax.training.schedules import make_optimizer
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer
 from transformer_jax.training.state import create_train_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def laid_out(request):
   task = TranslationTask(config)
   model = task.build_model()
   init_params = functools.partial(task.init_params, model)
-  state, _ = create_train_state(init_params, make_optimizer(config), mesh, seed=0)
+  state, _ = create_train_state(init_params, make_optimizer(OptimizerConfig.from_config(config)), mesh, seed=0)
   return layout, config, mesh, init_params, state
 
 

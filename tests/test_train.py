@@ -21,7 +21,7 @@ from transformer_jax.tasks.prefix_lm import PrefixLMTask
 from transformer_jax.tasks.translation import TranslationTask, init_transformer
 from transformer_jax.training import checkpoints, loop
 from transformer_jax.training.losses import smoothing_entropy, token_losses
-from transformer_jax.training.schedules import make_optimizer, paper_schedule
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer, paper_schedule
 from transformer_jax.training.state import create_train_state
 
 
@@ -137,7 +137,7 @@ def test_gradient_accumulation_equals_one_large_step():
 def test_checkpoint_saved_on_8_devices_restores_onto_1(tmp_path):
   config = tiny_config()
   init_params = functools.partial(init_transformer, Transformer(config.model))
-  optimizer = make_optimizer(config)
+  optimizer = make_optimizer(OptimizerConfig.from_config(config))
   mesh8 = sharding.make_mesh(dict(data=2, fsdp=2, tensor=2))
   state8, _ = create_train_state(init_params, optimizer, mesh8, seed=3)
   manager = checkpoints.make_manager(str(tmp_path), async_save=True)

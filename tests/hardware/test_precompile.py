@@ -23,7 +23,7 @@ from transformer_jax.errors import UserError
 from transformer_jax.hardware import analysis, precompile, targets
 from transformer_jax.tasks.registry import make_task
 from transformer_jax.training import compiled_step
-from transformer_jax.training.schedules import make_optimizer
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer
 from transformer_jax.training.state import create_train_state
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_a_saved_step_loads_and_runs_like_the_compiled_one(tmp_path):
   batch = sharding.global_batch(batch, mesh)
 
   def fresh_state():
-    return create_train_state(init, make_optimizer(config), mesh, seed=0)[0]
+    return create_train_state(init, make_optimizer(OptimizerConfig.from_config(config)), mesh, seed=0)[0]
 
   expected_state, expected = compiled(fresh_state(), batch)
   loaded = compiled_step.load(str(tmp_path), config, mesh)

@@ -36,7 +36,7 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import UserError
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import checkpoints
-from transformer_jax.training.schedules import make_optimizer
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer
 from transformer_jax.training.state import TrainState
 
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
@@ -296,7 +296,7 @@ def import_marian(model_dir: str, workdir: str) -> ImportReport:
 
   params = jax.tree.map(jnp.asarray, params)
   state = TrainState(step=jnp.array(0, jnp.int32), params=params,
-                     opt_state=make_optimizer(config).init(params))
+                     opt_state=make_optimizer(OptimizerConfig.from_config(config)).init(params))
   meta = dict(config=json.loads(config.to_json_best_effort()), tokenizer_sha256=tokenizer.sha256)
   manager = checkpoints.make_manager(checkpoints.checkpoint_dir(workdir), None, async_save=False)
   checkpoints.save(manager, 0, state, None, meta)

@@ -20,7 +20,7 @@ from jax.sharding import AbstractMesh, Mesh
 
 from transformer_jax import sharding
 from transformer_jax.errors import UserError
-from transformer_jax.training.schedules import make_optimizer, make_schedule
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer, make_schedule
 from transformer_jax.training.state import InitParams, TrainState, abstract_train_state
 from transformer_jax.training.step import LossFn, compile_steps
 
@@ -33,7 +33,8 @@ def abstract_mesh(sizes: dict[str, int]) -> AbstractMesh:
 def state_bytes(config: ml_collections.ConfigDict, init_params: InitParams,
                 mesh: Mesh | AbstractMesh) -> dict[str, int]:
   """{'params', 'opt_state'}: bytes on the most loaded device, and the unsharded totals."""
-  state = abstract_train_state(init_params, make_optimizer(config), mesh)
+  state = abstract_train_state(init_params, make_optimizer(OptimizerConfig.from_config(config)),
+                               mesh)
   result = {}
   for name in ("params", "opt_state"):
     tree = getattr(state, name)
@@ -61,11 +62,12 @@ def lower_train_step(config: ml_collections.ConfigDict, init_params: InitParams,
   of data.max_len tokens, from abstract arguments only: no array is allocated, so `mesh` may
   hold a TPU slice's or a GPU node's compile-only devices. Packed data adds its segment-id
   and position arrays. Returns (lowered, the abstract state it takes)."""
-  optimizer = make_optimizer(config)
+  optimizer_config = OptimizerConfig.from_config(config)
+  optimizer = make_optimizer(optimizer_config)
   state = abstract_train_state(init_params, optimizer, mesh)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
-  train_step, _ = compile_steps(loss_fn, optimizer, make_schedule(config), config, mesh,
-                                shardings)
+  train_step, _ = compile_steps(loss_fn, optimizer, make_schedule(optimizer_config), config,
+                                mesh, shardings)
   if rows is None:
     rows, _ = batch_shape(config, mesh)
   length = int(config.data.max_len)

@@ -33,7 +33,7 @@ from transformer_jax.model.info import format_counts, parameter_counts
 from transformer_jax.training import budget, checkpoints, compiled_step, init_from
 from transformer_jax.training.metric_writers import MetricsWriter
 from transformer_jax.training.preemption import PreemptionWatcher
-from transformer_jax.training.schedules import USES_STEP_COUNT, make_optimizer, make_schedule
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer, make_schedule
 from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import compile_steps, sum_over_batches
 
@@ -91,12 +91,13 @@ def build_steps(config: ml_collections.ConfigDict, task: Trainable, mesh: Mesh
                 ) -> tuple[Any, TrainState, Callable, Callable]:
   """The task's model, its initial state on `mesh`, and the compiled (train_step, eval_step)."""
   model = task.build_model()
-  optimizer = make_optimizer(config)
+  optimizer_config = OptimizerConfig.from_config(config)
+  optimizer = make_optimizer(optimizer_config)
   state, state_shardings = create_train_state(
       functools.partial(task.init_params, model), optimizer, mesh, config.seed)
   train_fn, eval_fn = compile_steps(
-      functools.partial(task.loss_sums, model), optimizer, make_schedule(config), config, mesh,
-      state_shardings)
+      functools.partial(task.loss_sums, model), optimizer, make_schedule(optimizer_config),
+      config, mesh, state_shardings)
   return model, state, train_fn, eval_fn
 
 
@@ -310,7 +311,7 @@ class Bookkeeping:
     seconds_per_eval = sum(self.eval_seconds.values()) / len(self.eval_seconds)
     # The first step of this process compiled it; a count-dependent schedule compiles again.
     recompile = (self.step_times[self.start_step + 1] - self.started
-                 if config.schedule in USES_STEP_COUNT else 0.0)
+                 if OptimizerConfig.from_config(config).uses_step_count else 0.0)
     elapsed = self.elapsed()
     count = sharding.from_process_0(budget.steps_that_fit(
         60 * config.train_minutes, elapsed + recompile, step, seconds_per_step,
@@ -336,11 +337,12 @@ class Bookkeeping:
     run.meta["budgeted_steps"] = count
     run.meta["config"]["num_train_steps"] = count
     run.writer.total_steps = count
-    if run.config.schedule in USES_STEP_COUNT:  # The schedule is compiled into the step.
+    optimizer_config = OptimizerConfig.from_config(run.config)
+    if optimizer_config.uses_step_count:  # The schedule is compiled into the step.
       state_shardings = jax.tree.map(lambda x: x.sharding, state)
       run.train_fn, _ = compile_steps(
-          functools.partial(run.task.loss_sums, run.model), make_optimizer(run.config),
-          make_schedule(run.config), run.config, run.mesh, state_shardings)
+          functools.partial(run.task.loss_sums, run.model), make_optimizer(optimizer_config),
+          make_schedule(optimizer_config), run.config, run.mesh, state_shardings)
 
   def log(self, step: int, metrics: dict) -> None:
     now = time.time()

@@ -26,7 +26,7 @@ from transformer_jax import sharding
 from transformer_jax.data.tokenizer import Tokenizer, load_tokenizer
 from transformer_jax.errors import UserError
 from transformer_jax.training import checkpoints
-from transformer_jax.training.schedules import make_optimizer
+from transformer_jax.training.schedules import OptimizerConfig, make_optimizer
 from transformer_jax.training.state import InitParams, TrainState, abstract_train_state
 
 AVERAGED_DIR = "checkpoints_averaged"
@@ -61,7 +61,8 @@ def default_mesh() -> Mesh:
 
 def _abstract_state(config: ml_collections.ConfigDict, init_params: InitParams, mesh: Mesh
                     ) -> TrainState:
-  return abstract_train_state(init_params, make_optimizer(config), mesh)
+  return abstract_train_state(init_params, make_optimizer(OptimizerConfig.from_config(config)),
+                              mesh)
 
 
 def restore_state(workdir: str, init_params: InitParams, checkpoint: str = "latest",
