@@ -1,4 +1,4 @@
-"""Every shipped recipe's train step compiled for every target: the table a user picks hardware from.
+"""Every shipped recipe's train step compiled for every target: the table to pick hardware from.
 
   python experiments/hardware_table.py [--recipes=quickstart,wmt14_base] [--targets=v5e-8,h100x8]
       [--out=results/hardware] [--jobs=2]

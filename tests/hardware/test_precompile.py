@@ -180,7 +180,8 @@ def test_a_saved_step_loads_and_runs_like_the_compiled_one(tmp_path):
   batch = sharding.global_batch(batch, mesh)
 
   def fresh_state():
-    return create_train_state(init, make_optimizer(OptimizerConfig.from_config(config)), mesh, seed=0)[0]
+    optimizer = make_optimizer(OptimizerConfig.from_config(config))
+    return create_train_state(init, optimizer, mesh, seed=0)[0]
 
   expected_state, expected = compiled(fresh_state(), batch)
   loaded = compiled_step.load(str(tmp_path), config, mesh)
@@ -219,7 +220,8 @@ def test_out_of_memory_on_a_tpu_is_reported_as_not_fitting():
 def test_the_command_compiles_reports_and_saves(tmp_path):
   out = tmp_path / "report.json"
   result = subprocess.run(
-      [sys.executable, "-m", "transformer_jax.precompile", f"--config={REPO / 'experiments/configs/tiny.py'}",
+      [sys.executable, "-m", "transformer_jax.precompile",
+       f"--config={REPO / 'experiments/configs/tiny.py'}",
        "--target=v5e-4", "--mesh=data=2,fsdp=2,tensor=1", f"--json={out}",
        f"--workdir={tmp_path / 'run'}"],
       capture_output=True, text=True, cwd=REPO, timeout=600)

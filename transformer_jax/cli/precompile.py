@@ -68,7 +68,8 @@ def format_report(report: precompile.Report) -> str:
   if report.cost.get("flops"):
     line = f"  {'FLOPs per device':<22}{report.cost['flops']:.3g}"
     if report.step_time_bound:
-      line += (f"; {'step' if report.program == 'train step' else 'call'} time >= {report.step_time_bound * 1e3:,.2f} ms (a roofline bound from "
+      what = "step" if report.program == "train step" else "call"
+      line += (f"; {what} time >= {report.step_time_bound * 1e3:,.2f} ms (a roofline bound from "
                f"{target.peak_flops / 1e12:g} TFLOP/s bf16 and {target.memory_bandwidth / 1e9:,.0f}"
                " GB/s, not a measurement)")
     lines.append(line)
@@ -121,8 +122,8 @@ def main(argv: list[str]) -> None:
   if report.fits and report is not tried[0]:
     print(f"first split that fits: mesh {report.mesh}", flush=True)
   if not report.fits:
-    print("does not fit on any mesh tried; in order, try: " + "; ".join(precompile.FIXES),
-          flush=True)
+    print("does not fit on any mesh tried; in order, try: "
+          + "; ".join(precompile.fixes(target)), flush=True)
   if FLAGS.workdir and compiled is not None:
     path = compiled_step.save(compiled, os.path.expanduser(FLAGS.workdir), config)
     print(f"saved the train step's executable: {path}", flush=True)

@@ -43,7 +43,12 @@ GiB = 2**30
 # In order: what lowers a step's memory on the same devices.
 FIXES = ("more fsdp (--mesh=data=D,fsdp=F,tensor=T)", "a smaller batch (--batch=ROWS or "
          "config.data.tokens_per_batch)", "config.model.attention_impl='chunked'",
-         "rematerialisation (gradient_accumulation_steps=k cuts activations k-fold)")
+         "config.gradient_accumulation_steps=k (the activations of a k-th of the batch at once)")
+
+
+def fixes(target: Target) -> tuple[str, ...]:
+  """FIXES that apply to `target`: a single device has no fsdp to add."""
+  return FIXES if target.devices > 1 else FIXES[1:]
 
 
 @dataclasses.dataclass
