@@ -41,9 +41,10 @@ from transformer_jax.training import footprint
 
 GiB = 2**30
 # In order: what lowers a step's memory on the same devices.
-FIXES = ("more fsdp (--mesh=data=D,fsdp=F,tensor=T)", "a smaller batch (--batch=ROWS or "
-         "config.data.tokens_per_batch)", "config.model.attention_impl='chunked'",
-         "config.gradient_accumulation_steps=k (the activations of a k-th of the batch at once)")
+FIXES = ("more fsdp (--mesh=data=D,fsdp=F,tensor=T)",
+         "a smaller batch (--batch=ROWS or config.data.tokens_per_batch; the same batch in k "
+         "steps: config.gradient_accumulation_steps=k)", "config.model.attention_impl='chunked'",
+         "rematerialisation (config.model.remat=True)")
 
 
 def fixes(target: Target) -> tuple[str, ...]:

@@ -77,6 +77,9 @@ class ModelConfig:
                                   # (precision.py); "bfloat16" with dtype "float32" is mixed
                                   # precision, fast on CPUs with AVX512-BF16 or AMX; "auto":
                                   # bfloat16 where that is native (precision.native_bfloat16).
+  remat: bool = False             # Training: recompute each layer's activations in the backward
+                                  # pass instead of keeping them (jax.checkpoint): less memory
+                                  # for about a third more compute.
   quantize: str = ""              # Decoding only: "int8" runs every weight matmul (projections,
                                   # feed-forward, logits) in int8 (precision.int8_matmul);
                                   # set by translate/evaluate --quantize, refused by training.

@@ -10,7 +10,7 @@ from flax import linen as nn
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.layers import (
-    DecoderLayer,
+    decoder_layer,
     embed_tokens,
     layer_norm,
     vocabulary_logits,
@@ -58,9 +58,8 @@ class DecoderOnly(nn.Module):
     else:
       mask = AttentionMask.self_attention(tokens, segment_ids, causal=True, prefix=prefix)
     for i in range(config.num_decoder_layers):
-      x = DecoderLayer(config, cross_attention=False, name=f"decoder_{i}")(
-          x, None, mask, None, train, decode=decode
-      )
+      x = decoder_layer(config, f"decoder_{i}", cross_attention=False)(
+          x, None, mask, None, train, decode)
     if config.norm == "pre":
       x = layer_norm(config, "decoder_norm")(x)
     return vocabulary_logits(config, token_embedding, x)

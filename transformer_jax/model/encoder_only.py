@@ -12,9 +12,9 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
-    EncoderLayer,
     dense,
     embed_tokens,
+    encoder_layer,
     layer_norm,
     vocabulary_logits,
 )
@@ -59,7 +59,7 @@ class EncoderOnly(nn.Module):
     token_embedding, x = embed_tokens(config, tokens, positions, train)
     mask = AttentionMask.self_attention(tokens, segment_ids, causal=False)
     for i in range(config.num_encoder_layers):
-      x = EncoderLayer(config, name=f"encoder_{i}")(x, mask, train)
+      x = encoder_layer(config, f"encoder_{i}")(x, mask, train)
     if config.norm == "pre":
       x = layer_norm(config, "encoder_norm")(x)
     if self.head == "classify":

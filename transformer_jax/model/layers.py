@@ -199,6 +199,20 @@ class EncoderLayer(nn.Module):
     )
 
 
+def encoder_layer(config: ModelConfig, name: str) -> nn.Module:
+  """An EncoderLayer, rematerialised in the backward pass where `config.remat` says so.
+  Call it with positional arguments (inputs, mask, train)."""
+  layer = nn.remat(EncoderLayer, static_argnums=(3,)) if config.remat else EncoderLayer
+  return layer(config, name=name)
+
+
+def decoder_layer(config: ModelConfig, name: str, cross_attention: bool = True) -> nn.Module:
+  """A DecoderLayer, rematerialised in the backward pass where `config.remat` says so.
+  Call it with positional arguments (inputs, encoded, self_mask, cross_mask, train, decode)."""
+  layer = nn.remat(DecoderLayer, static_argnums=(5, 6)) if config.remat else DecoderLayer
+  return layer(config, cross_attention=cross_attention, name=name)
+
+
 class DecoderLayer(nn.Module):
   """Masked self-attention, encoder-decoder attention, feed-forward (§3.1).
 

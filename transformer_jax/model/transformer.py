@@ -10,13 +10,13 @@ from flax import linen as nn
 
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.layers import (
-    DecoderLayer,
     EmbedTokens,
-    EncoderLayer,
     LogitsBias,
     attend,
+    decoder_layer,
     default_positions,
     embedding,
+    encoder_layer,
     layer_norm,
     output_dense,
 )
@@ -68,10 +68,10 @@ class Transformer(nn.Module):
     self.embed_source = EmbedTokens(config, self.source_embedding, name="embed_source")
     self.embed_target = EmbedTokens(config, self.target_embedding, name="embed_target")
     self.encoder_layers = [
-        EncoderLayer(config, name=f"encoder_{i}") for i in range(config.num_encoder_layers)
+        encoder_layer(config, f"encoder_{i}") for i in range(config.num_encoder_layers)
     ]
     self.decoder_layers = [
-        DecoderLayer(config, name=f"decoder_{i}") for i in range(config.num_decoder_layers)
+        decoder_layer(config, f"decoder_{i}") for i in range(config.num_decoder_layers)
     ]
     if config.norm == "pre":
       self.encoder_norm = layer_norm(config, "encoder_norm")
@@ -130,7 +130,7 @@ class Transformer(nn.Module):
         target_input_tokens, target_segment_ids, causal=True
     )
     for layer in self.decoder_layers:
-      x = layer(x, encoded, self_mask, cross_mask, train, decode=decode)
+      x = layer(x, encoded, self_mask, cross_mask, train, decode)
     if self.config.norm == "pre":
       x = self.decoder_norm(x)
     return self._logits(x)
