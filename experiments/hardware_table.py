@@ -203,7 +203,8 @@ resumes; each cell's command and printout are in `cells/<recipe>__<target>.txt`)
 Each cell: the mesh `data·fsdp·tensor` (every device on data unless that did not fit;
 then more fsdp, then tensor), ✓ fits / ✗ does not, peak bytes per device (arguments,
 undonated outputs, temporaries and code, from XLA's memory analysis), the compile time on
-this host, the bytes the step's collectives return per device (all-reduce, all-gather,
+this host (two cells compiled at once on its 2 cores, at times beside the test suite: about
+one core each, so an upper figure), the bytes the step's collectives return per device (all-reduce, all-gather,
 reduce-scatter, all-to-all, collective-permute), and on TPUs a lower bound on the step
 time from the compiler's FLOPs and bytes against the chip's peak bf16 FLOP/s and HBM
 bandwidth (a roofline, not a measurement). † the recipe's batch has fewer rows than the
