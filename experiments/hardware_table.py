@@ -49,7 +49,19 @@ GiB = 2**30
 
 
 def cell_path(out: pathlib.Path, recipe: str, target: str, suffix: str) -> pathlib.Path:
-  return out / "cells" / f"{recipe}__{target}{suffix}"
+  """OUT/cells/<recipe>__<target><suffix>; a grown recipe 'wmt14_base:rows=64' is written
+  'wmt14_base+rows-64' (file names every system accepts)."""
+  return out / "cells" / f"{recipe.replace(':', '+').replace('=', '-')}__{target}{suffix}"
+
+
+def cell_of(path: pathlib.Path) -> tuple[str, str]:
+  """(recipe, target) of a cell's file: `cell_path` read backwards."""
+  recipe, target = path.stem.split("__")
+  if "+" in recipe:
+    base, grown = recipe.split("+")
+    dimension, size = grown.rsplit("-", 1)
+    recipe = f"{base}:{dimension}={size}"
+  return recipe, target
 
 
 def limit_overrides(dimension: str, size: int) -> tuple[str, ...]:
@@ -77,7 +89,8 @@ def compile_cell(out: pathlib.Path, recipe: str, target: str) -> str:
   started = time.time()
   result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
   text = cell_path(out, recipe, target, ".txt")
-  text.write_text(f"$ {' '.join(command[1:])}\n(exit {result.returncode}, "
+  shown = " ".join(command[1:]).replace(f"{REPO}/", "")
+  text.write_text(f"$ python {shown}\n(exit {result.returncode}, "
                   f"{time.time() - started:.0f} s wall)\n{result.stdout}\n"
                   + "\n".join(line for line in result.stderr.splitlines()
                               if line.startswith("error") or REMATERIALIZATION in line))
@@ -172,8 +185,7 @@ def meshes_section(out: pathlib.Path) -> str:
 def write_readme(out: pathlib.Path) -> None:
   cells = {}
   for path in sorted((out / "cells").glob("*.json")):
-    recipe, target = path.stem.split("__")
-    cells[recipe, target] = json.loads(path.read_text())
+    cells[cell_of(path)] = json.loads(path.read_text())
   header = "| recipe | " + " | ".join(TARGETS) + " |"
   lines = [header, "|" + " --- |" * (len(TARGETS) + 1)]
   for recipe in RECIPES:
