@@ -30,6 +30,7 @@ from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.config import MATMUL_DTYPES
 from transformer_jax.model.decoder_only import DecoderOnly
+from transformer_jax.model.platform import platform_in_force
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
@@ -172,7 +173,7 @@ def shares_beam_cache(model: Transformer | DecoderOnly | Ensemble, options: Deco
     raise UserError("--shared_beam_cache is for encoder-decoder models: a prefix LM's beams "
                     "reorder their cache; leave it unset")
   if options.shared_beam_cache is None:
-    return encoder_decoders and jax.default_backend() == "cpu"
+    return encoder_decoders and platform_in_force() == "cpu"
   return options.shared_beam_cache
 
 

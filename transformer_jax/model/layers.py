@@ -102,7 +102,8 @@ class EmbedTokens(nn.Module):
   def __call__(self, tokens: Array, positions: Array, train: bool) -> Array:
     """tokens, positions: int[batch, length] -> [batch, length, d_model]."""
     config = self.config
-    embedded = lookup(self.embedding, tokens, config) * jnp.sqrt(config.d_model).astype(config.compute_dtype)
+    scale = jnp.sqrt(config.d_model).astype(config.compute_dtype)
+    embedded = lookup(self.embedding, tokens, config) * scale
     embedded = PositionalEncoding(
         config.positions, config.d_model, config.max_len, config.sinusoid_layout,
         name="positions")(embedded, positions)
