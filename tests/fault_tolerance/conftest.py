@@ -1,12 +1,20 @@
-"""Fixtures for the fault-tolerance tests: one uninterrupted tiny run, copied per test."""
+"""Fixtures for the fault-tolerance tests: one uninterrupted tiny run, copied per test,
+and a command's `main` run in this process."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import io
 import pathlib
+import sys
+from typing import Callable
 
 import pytest
+from absl import app, flags
 
 from fault_tolerance import runner
+from transformer_jax.cli import common
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +41,47 @@ def trained_copy(shared_run, tmp_path) -> pathlib.Path:
 
 def pytest_configure(config) -> None:
   config.addinivalue_line("markers", "slow: takes minutes; deselect with -m 'not slow'")
+
+
+@dataclasses.dataclass
+class InProcessResult:
+  returncode: int
+  stdout: str
+  stderr: str
+
+  def describe(self) -> str:
+    return (f"exit {self.returncode}\n--- stdout (end)\n{self.stdout[-2000:]}\n"
+            f"--- stderr (end)\n{self.stderr[-4000:]}")
+
+
+@pytest.fixture
+def run_in_process(monkeypatch, capsys) -> Callable[..., InProcessResult]:
+  """Runs `python -m transformer_jax.<module> FLAGS...` as this process's `main`.
+
+  The command defines its flags and parses them as on the command line; they
+  are removed again afterwards, so the next command can define its own. Runs
+  from the repository root with this process's devices (8 simulated CPUs).
+  """
+  defined_before = set(flags.FLAGS)
+
+  def run(module: str, *argv: str, stdin: bytes = b"") -> InProcessResult:
+    command = importlib.import_module(f"transformer_jax.cli.{module}")
+    monkeypatch.chdir(runner.REPO)
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    monkeypatch.setattr(common, "keep_freed_host_memory", lambda: None)
+    monkeypatch.setattr(app, "run", lambda main, flags_parser: main(flags_parser(sys.argv)))
+    capsys.readouterr()
+    try:
+      command.run()
+      code = 0
+    except SystemExit as e:
+      code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+      flags.FLAGS.unparse_flags()
+      for name in set(flags.FLAGS) - defined_before:
+        delattr(flags.FLAGS, name)
+    out, err = capsys.readouterr()
+    return InProcessResult(code, out, err)
+
+  return run

@@ -1,9 +1,10 @@
 """Bad configs, flags, files and inputs: one `error: ` line, exit 2, no traceback,
 and no file of an existing run changed.
 
-Every case runs the real command. The cases start together (a few at a time)
-in a module fixture, since each spends seconds importing JAX; each test then
-checks one case's result.
+Every case runs the real command's `main` with its flags, in this process;
+the cases marked `subprocess` run it as `python -m transformer_jax.<module>`
+(absl's own flag errors, a config file that raises on load, a translation
+that succeeds), started together in a module fixture.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Case:
   stdin: bytes = b""
   base_flags: bool = True  # train: the tiny config and data flags, and --workdir.
   exit_code: int = 2
-  devices: int = runner.DEVICES
+  subprocess: bool = False  # Run as a real process (8 simulated devices) instead of in-process.
 
 
 def _write(path: pathlib.Path, data: bytes) -> None:
@@ -99,7 +100,7 @@ CASES = [
     Case("unknown_schedule", "train", ("--config.schedule=cosine",),
          ("config.schedule='cosine' is not one of",), workdir="fresh"),
     Case("unknown_flag", "train", ("--bogus=1",), ("Unknown command line flag 'bogus'",),
-         workdir="fresh"),
+         workdir="fresh", subprocess=True),
     Case("missing_workdir", "train", ("--config=experiments/configs/tiny.py",),
          ("--workdir is required",), base_flags=False),
     Case("missing_config", "train", ("--workdir={tmp}/run",), ("--config is required",),
@@ -108,9 +109,10 @@ CASES = [
          ("--config=experiments/configs/no_such.py", "--workdir={tmp}/run"),
          ("cannot load the --config file", "no_such.py"), base_flags=False),
     Case("config_file_raises", "train", ("--config={tmp}/broken.py", "--workdir={tmp}/run"),
-         ("ZeroDivisionError in --config",), prepare=_config_that_raises, base_flags=False),
+         ("ZeroDivisionError in --config",), prepare=_config_that_raises, base_flags=False,
+         subprocess=True),
     Case("mesh_needs_other_device_count", "train", ("--config.mesh.data=3",),
-         ("needs 3 devices but 8 are available",), workdir="fresh", devices=8),
+         ("needs 3 devices but 8 are available",), workdir="fresh"),
     Case("batch_smaller_than_device_count", "train", ("--config.data.tokens_per_batch=8",),
          ("tokens_per_batch=8 holds fewer than batch_multiple=",), workdir="fresh"),
     # --- train: data.
@@ -155,7 +157,7 @@ CASES = [
          stdin=b"the cat .\n\xff\xfe dog\n"),
     Case("translate_stdin_not_utf8_replaced", "translate",
          ("--workdir={workdir}", "--replace_invalid_utf8", "--beam_size=1"), (),
-         stdin=b"the cat .\n\xff\xfe dog\n", exit_code=0),
+         stdin=b"the cat .\n\xff\xfe dog\n", exit_code=0, subprocess=True),
     Case("checkpoint_nonsense", "translate", ("--workdir={workdir}", "--checkpoint=nonsense"),
          ("--checkpoint='nonsense' is not latest, averaged or a step number",)),
     # --- evaluate and average_checkpoints.
@@ -170,7 +172,7 @@ CASES = [
 ]
 
 
-def _command(case: Case, tmp: pathlib.Path, workdir: pathlib.Path, prepared: pathlib.Path):
+def _flags(case: Case, tmp: pathlib.Path, workdir: pathlib.Path, prepared: pathlib.Path):
   fill = lambda s: s.format(tmp=tmp, workdir=workdir, prepared=prepared)
   flags = [fill(f) for f in case.flags]
   if case.module == "train" and case.base_flags:
@@ -178,7 +180,7 @@ def _command(case: Case, tmp: pathlib.Path, workdir: pathlib.Path, prepared: pat
     if not any(f.startswith("--workdir=") for f in flags):
       base.append(f"--workdir={workdir}")
     flags = base + flags
-  return runner.module_command(case.module, *flags)
+  return flags
 
 
 def _run_files(workdir: pathlib.Path) -> dict[str, str]:
@@ -188,7 +190,7 @@ def _run_files(workdir: pathlib.Path) -> dict[str, str]:
   return {k: v for k, v in runner.file_hashes(workdir).items() if not k.startswith("tensorboard")}
 
 
-def _run_case(case: Case, root: pathlib.Path, uninterrupted: pathlib.Path, prepared: pathlib.Path):
+def _set_up(case: Case, root: pathlib.Path, uninterrupted: pathlib.Path):
   tmp = root / case.name
   tmp.mkdir()
   workdir = tmp / "run"
@@ -196,28 +198,46 @@ def _run_case(case: Case, root: pathlib.Path, uninterrupted: pathlib.Path, prepa
     runner.copy_run(uninterrupted, workdir)
   if case.prepare:
     case.prepare(tmp, workdir)
-  before = _run_files(workdir)
-  result = runner.run(_command(case, tmp, workdir, prepared), timeout=runner.QUICK_TIMEOUT_S,
-                      stdin=case.stdin, environment=runner.env(case.devices))
+  return tmp, workdir, _run_files(workdir)
+
+
+def _run_subprocess(case: Case, root: pathlib.Path, uninterrupted: pathlib.Path,
+                    prepared: pathlib.Path):
+  tmp, workdir, before = _set_up(case, root, uninterrupted)
+  command = runner.module_command(case.module, *_flags(case, tmp, workdir, prepared))
+  result = runner.run(command, timeout=runner.QUICK_TIMEOUT_S, stdin=case.stdin,
+                      environment=runner.env(8))
   return result, before, _run_files(workdir), tmp
 
 
+SUBPROCESS_CASES = [c for c in CASES if c.subprocess]
+
+
 @pytest.fixture(scope="module")
-def results(shared_run, tmp_path_factory):
+def subprocess_results(shared_run, tmp_path_factory):
   prepared, uninterrupted = shared_run
   root = tmp_path_factory.mktemp("bad_inputs")
   with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-    futures = {c.name: pool.submit(_run_case, c, root, uninterrupted, prepared) for c in CASES}
+    futures = {c.name: pool.submit(_run_subprocess, c, root, uninterrupted, prepared)
+               for c in SUBPROCESS_CASES}
     return {name: future.result() for name, future in futures.items()}
 
 
 def test_there_are_at_least_25_cases():
   assert len({c.name for c in CASES}) == len(CASES) >= 25
+  assert 1 <= len(SUBPROCESS_CASES) <= 4
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_input_is_one_error_line(case: Case, results):
-  result, before, after, tmp = results[case.name]
+def test_bad_input_is_one_error_line(case: Case, request, shared_run, tmp_path):
+  if case.subprocess:
+    result, before, after, tmp = request.getfixturevalue("subprocess_results")[case.name]
+  else:
+    prepared, uninterrupted = shared_run
+    tmp, workdir, before = _set_up(case, tmp_path, uninterrupted)
+    run_in_process = request.getfixturevalue("run_in_process")
+    result = run_in_process(case.module, *_flags(case, tmp, workdir, prepared), stdin=case.stdin)
+    after = _run_files(workdir)
   assert result.returncode == case.exit_code, result.describe()
   assert "Traceback" not in result.stderr, result.describe()
   errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]

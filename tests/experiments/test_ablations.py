@@ -16,31 +16,14 @@ import time
 
 import pytest
 
-from transformer_jax import configs
 from transformer_jax.training.preemption import PreemptionWatcher
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def load_module(relative: str):
-  """A file of experiments/ as a module (registered, so its dataclasses resolve)."""
-  return configs.load_module(REPO_ROOT / relative, relative.replace("/", "_")[:-3])
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def ablations():
-  return load_module("experiments/ablations.py")
-
-
-def tiny_base():
-  """The tiny config at 6 steps, one batch shape (one compile per row)."""
-  config = load_module("experiments/configs/tiny.py").get_config()
-  config.num_train_steps = 6
-  config.log_every_steps = 2
-  config.eval_every_steps = 3
-  config.data.bucket_boundaries = (48,)
-  config.beam_size = 2
-  return config
+def ablations(experiment_module):
+  return experiment_module("experiments/ablations.py")
 
 
 def test_parse_row_reads_literals_and_strings(ablations):
@@ -98,7 +81,7 @@ def test_seeds_expand_rows_and_the_table_says_where_ours_agrees_with_the_paper(a
       "agrees, the paper's level (+0.10")
 
 
-def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, monkeypatch):
+def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, monkeypatch, tiny_base):
   base = tiny_base()
   rows = ablations.table3_rows(["base", "D_ls0"], "paper", base.num_train_steps)
   sweep_dir, runs_dir = tmp_path / "results" / "smoke", tmp_path / "runs"
@@ -164,7 +147,7 @@ def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, 
   print(f"two-row sweep: {first_seconds:.0f} s")
 
 
-def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path, monkeypatch):
+def test_workers_of_one_sweep_split_its_rows(ablations, tmp_path, monkeypatch, tiny_base):
   """A row another worker holds is skipped, not trained twice, and the table written after
   this worker's row lists the row the other one finished meanwhile."""
   base = tiny_base()
@@ -299,7 +282,7 @@ def test_without_file_locks_a_sweep_runs_alone(ablations, tmp_path, monkeypatch,
   assert "would train the same rows" in capsys.readouterr().err
 
 
-def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path):
+def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path, tiny_base):
   base = tiny_base()
   base.num_train_steps = 3
   rows = [ablations.Row("base", {})]
@@ -312,7 +295,7 @@ def test_a_longer_sweep_resumes_a_row_from_its_checkpoint(ablations, tmp_path):
   assert result["step"] == 4 and steps == sorted(set(steps)), steps
 
 
-def test_sigterm_saves_the_row_in_training_and_ends_the_sweep(ablations, tmp_path, monkeypatch):
+def test_sigterm_saves_the_row_in_training_and_ends_the_sweep(ablations, tmp_path, monkeypatch, tiny_base):
   """A SIGTERM while a row starts (before its loop runs) stops that row at its first step,
   saved; no later row starts, finished ones stay in the table; the same command then
   finishes the rest."""
@@ -353,7 +336,7 @@ def test_sigterm_saves_the_row_in_training_and_ends_the_sweep(ablations, tmp_pat
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_the_subprocess_launcher_passes_a_sigterm_to_its_trainer(ablations, tmp_path):
+def test_the_subprocess_launcher_passes_a_sigterm_to_its_trainer(ablations, tmp_path, tiny_base):
   """A SIGTERM the sweep got (not its child) reaches the training child, which saves and exits 0."""
   ready, saved = tmp_path / "child_ready", tmp_path / "child_saved"
   child = (f"import pathlib, signal, time\n"

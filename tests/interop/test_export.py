@@ -20,6 +20,7 @@ ctranslate2 = pytest.importorskip("ctranslate2", reason="pip install -e '.[test]
 from fault_tolerance import runner  # noqa: E402
 from transformer_jax.data.generated import sample_pair  # noqa: E402
 from transformer_jax.decode.translator import DecodeOptions, decode_batch  # noqa: E402
+from transformer_jax.interop.marian import import_marian  # noqa: E402
 from transformer_jax.special_tokens import EOS_ID, PAD_ID  # noqa: E402
 from transformer_jax.tasks.registry import load_run  # noqa: E402
 
@@ -44,15 +45,10 @@ def trained(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def imported_marian(tmp_path_factory):
+def imported_marian(marian_dir, tmp_path_factory):
   """(a random Marian model imported as a run, its CTranslate2 export)."""
-  test_marian = pytest.importorskip("test_marian")
-  from transformer_jax.interop.marian import import_marian
-
-  model_dir = tmp_path_factory.mktemp("marian")
-  test_marian.save_random_marian(str(model_dir))
   workdir = tmp_path_factory.mktemp("imported")
-  import_marian(str(model_dir), str(workdir))
+  import_marian(marian_dir, str(workdir))
   return load_run(str(workdir)), _export(workdir, tmp_path_factory.mktemp("ct2") / "marian")
 
 

@@ -16,18 +16,24 @@ from transformer_jax.tasks.translation import (decoder_inputs, init_transformer,
                                                translation_loss_sums)
 from transformer_jax.training.losses import loss_sums, symmetric_kl_sum
 
-from test_train import run_steps, synthetic_batch, tiny_config
+
+@pytest.fixture
+def tiny_model(tiny_config):
+  """dropout_rate -> (config, its Transformer, initial parameters)."""
+  def build(dropout_rate: float):
+    config = tiny_config()
+    config.model.dropout_rate = dropout_rate
+    model = Transformer(config.model)
+    return config, model, init_transformer(model, jax.random.key(0))
+  return build
 
 
-def tiny_model(dropout_rate: float):
-  config = tiny_config()
-  config.model.dropout_rate = dropout_rate
-  model = Transformer(config.model)
-  return config, model, init_transformer(model, jax.random.key(0))
-
-
-def batch(rows: int = 6, seed: int = 0) -> dict[str, jax.Array]:
-  return {name: jnp.asarray(array) for name, array in synthetic_batch(rows, seed).items()}
+@pytest.fixture
+def batch(synthetic_batch):
+  """(rows, seed) -> a synthetic batch as device arrays."""
+  def make(rows: int = 6, seed: int = 0) -> dict[str, jax.Array]:
+    return {name: jnp.asarray(array) for name, array in synthetic_batch(rows, seed).items()}
+  return make
 
 
 def test_symmetric_kl_sums_both_directions_over_the_weighted_positions():
@@ -42,7 +48,7 @@ def test_symmetric_kl_sums_both_directions_over_the_weighted_positions():
   assert float(symmetric_kl_sum(logits_a, logits_a, weights)) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_without_dropout_the_two_passes_agree_and_the_loss_is_the_plain_one():
+def test_without_dropout_the_two_passes_agree_and_the_loss_is_the_plain_one(tiny_model, batch):
   _, model, params = tiny_model(dropout_rate=0.0)
   tokens = batch()
   _, plain = translation_loss_sums(model, params, tokens, True, jax.random.key(1), 0.1)
@@ -53,7 +59,7 @@ def test_without_dropout_the_two_passes_agree_and_the_loss_is_the_plain_one():
     assert float(rdrop[name]) == pytest.approx(float(plain[name]), rel=1e-5), name
 
 
-def test_the_passes_draw_different_masks_and_alpha_weighs_their_kl_by_a_quarter():
+def test_the_passes_draw_different_masks_and_alpha_weighs_their_kl_by_a_quarter(tiny_model, batch):
   _, model, params = tiny_model(dropout_rate=0.3)
   tokens = batch()
   key = jax.random.key(2)
@@ -85,7 +91,7 @@ class DropoutNoise(nn.Module):
     return 3.0 * jax.nn.one_hot(target_input_tokens, self.vocab_size) + noise
 
 
-def test_the_kl_pairs_each_row_with_its_copy_and_skips_pad():
+def test_the_kl_pairs_each_row_with_its_copy_and_skips_pad(batch):
   tokens = batch()
   model, key = DropoutNoise(), jax.random.key(4)
   _, sums = translation_loss_sums(model, {}, tokens, True, key, 0.1, rdrop_alpha=5.0)
@@ -104,7 +110,7 @@ def test_the_kl_pairs_each_row_with_its_copy_and_skips_pad():
       float(sums["smoothed_ce_sum"]) + 5.0 / 4.0 * expected, rel=1e-4)
 
 
-def test_the_kl_pulls_the_passes_together():
+def test_the_kl_pulls_the_passes_together(tiny_model, batch):
   _, model, params = tiny_model(dropout_rate=0.3)
   tokens = batch()
   key = jax.random.key(3)
@@ -121,7 +127,7 @@ def test_the_kl_pulls_the_passes_together():
 
 @pytest.mark.skipif(jax.device_count() < 8,
                     reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-def test_rdrop_sharded_step_equals_single_device_step():
+def test_rdrop_sharded_step_equals_single_device_step(tiny_model, synthetic_batch, run_steps):
   config, _, _ = tiny_model(dropout_rate=0.1)
   config.rdrop_alpha = 5.0
   batches = [synthetic_batch(rows=16, seed=s) for s in range(2)]

@@ -19,43 +19,14 @@ from transformer_jax.tasks.classification import ClassificationTask
 from transformer_jax.tasks.masked_lm import MaskedLMTask
 from transformer_jax.tasks.prefix_lm import PrefixLMTask
 from transformer_jax.tasks.translation import TranslationTask, init_transformer
-from transformer_jax.training import checkpoints, loop
+from transformer_jax.training import checkpoints
 from transformer_jax.training.losses import smoothing_entropy, token_losses
 from transformer_jax.training.schedules import OptimizerConfig, make_optimizer, paper_schedule
 from transformer_jax.training.state import create_train_state
 
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA_8, MIXED = dict(data=8, fsdp=1, tensor=1), dict(data=2, fsdp=2, tensor=2)
-
-
-def tiny_config():
-  config = default_config()
-  config.model.update(dict(vocab_size=64, num_layers=1, d_model=32, d_ff=64, num_heads=4,
-                           dropout_rate=0.0))
-  config.warmup_steps = 10
-  return config
-
-
-def synthetic_batch(rows=16, seed=0):
-  rng = np.random.default_rng(seed)
-  src = rng.integers(4, 64, size=(rows, 12)).astype(np.int32)
-  tgt = rng.integers(4, 64, size=(rows, 10)).astype(np.int32)
-  for row in range(rows):  # Varied lengths: EOS then PAD.
-    src[row, 6 + row % 6 :] = 0
-    src[row, 5 + row % 6] = 3
-    tgt[row, 4 + row % 6 :] = 0
-    tgt[row, 3 + row % 6] = 3
-  return {"src_tokens": src, "target_tokens": tgt}
-
-
-def run_steps(config, mesh, batches, task_class=TranslationTask):
-  task = task_class(config)
-  _, state, train_fn, _ = loop.build_steps(config, task, mesh)
-  for batch in batches:
-    batch = {k: v for k, v in batch.items() if k in task.batch_keys}
-    state, metrics = train_fn(state, sharding.global_batch(batch, mesh))
-  return jax.device_get(state), jax.device_get(metrics)
 
 
 def test_paper_schedule_matches_the_formula():
@@ -104,7 +75,8 @@ def test_closed_form_loss_and_gradient_equal_explicit_smoothed_targets(label_smo
     (PrefixLMTask, MIXED, "plain"), (MaskedLMTask, MIXED, "plain"),
     (ClassificationTask, MIXED, "plain"), (TranslationTask, MIXED, "chunked"),
 ])
-def test_sharded_step_equals_single_device_step(mesh_shape, task_class, attention_impl):
+def test_sharded_step_equals_single_device_step(mesh_shape, task_class, attention_impl, tiny_config,
+                                               synthetic_batch, run_steps):
   config = tiny_config()
   config.model.dropout_rate = 0.1  # Dropout bits must not depend on the sharding either.
   if attention_impl == "chunked":  # Several blocks, heads split by the tensor axis.
@@ -121,7 +93,7 @@ def test_sharded_step_equals_single_device_step(mesh_shape, task_class, attentio
   assert single_metrics["loss"] == pytest.approx(sharded_metrics["loss"], rel=1e-5)
 
 
-def test_gradient_accumulation_equals_one_large_step():
+def test_gradient_accumulation_equals_one_large_step(tiny_config, synthetic_batch, run_steps):
   config = tiny_config()
   mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
   batches = [synthetic_batch(rows=16, seed=s) for s in range(2)]
@@ -134,7 +106,7 @@ def test_gradient_accumulation_equals_one_large_step():
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 simulated devices")
-def test_checkpoint_saved_on_8_devices_restores_onto_1(tmp_path):
+def test_checkpoint_saved_on_8_devices_restores_onto_1(tmp_path, tiny_config):
   config = tiny_config()
   init_params = functools.partial(init_transformer, Transformer(config.model))
   optimizer = make_optimizer(OptimizerConfig.from_config(config))

@@ -8,15 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-from test_ablations import load_module, tiny_base
-
 
 @pytest.fixture(scope="module")
-def report_run():
-  return load_module("experiments/report_run.py")
+def report_run(experiment_module):
+  return experiment_module("experiments/report_run.py")
 
 
-def test_report_chooses_on_dev_and_scores_test_once(report_run, tmp_path, capsys):
+def test_report_chooses_on_dev_and_scores_test_once(report_run, tmp_path, capsys, tiny_base):
   from transformer_jax.tasks.registry import make_task
   from transformer_jax.training.loop import train_and_evaluate
 
@@ -46,7 +44,7 @@ def test_report_chooses_on_dev_and_scores_test_once(report_run, tmp_path, capsys
   assert (out / "curves.png").stat().st_size > 5000 and (out / "metrics.jsonl").exists()
 
 
-def test_report_tunes_beam_settings_on_dev_only(report_run, tmp_path, capsys):
+def test_report_tunes_beam_settings_on_dev_only(report_run, tmp_path, capsys, tiny_base):
   from transformer_jax.tasks.registry import make_task
   from transformer_jax.training.loop import train_and_evaluate
 
@@ -71,7 +69,7 @@ def test_report_tunes_beam_settings_on_dev_only(report_run, tmp_path, capsys):
   assert sum(" on test " in line for line in printed.splitlines()) == 1, printed
 
 
-def test_report_refuses_a_count_below_one(report_run, tmp_path):
+def test_report_refuses_a_count_below_one(report_run, tmp_path, tiny_base):
   from transformer_jax.errors import UserError
   from transformer_jax.tasks.registry import make_task
   from transformer_jax.training.loop import train_and_evaluate
@@ -102,7 +100,7 @@ def test_training_time_of_a_resumed_run_adds_up_every_process(report_run):
 
 
 @pytest.mark.parametrize("average", [1, 2])
-def test_final_report_decodes_the_configured_checkpoint_average(tmp_path, capsys, average):
+def test_final_report_decodes_the_configured_checkpoint_average(tmp_path, capsys, average, tiny_base):
   """Training's own final BLEU uses the recipe's average_last_checkpoints, like report_run."""
   from transformer_jax.decode.translator import DecodeOptions
   from transformer_jax.tasks.registry import load_run, make_task
