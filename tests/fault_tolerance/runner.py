@@ -9,6 +9,7 @@ cache that `tests/conftest.py` points every process at.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -235,16 +236,24 @@ _SHARED: dict[str, tuple[pathlib.Path, pathlib.Path]] = {}
 
 
 def shared_run(tmp_path_factory) -> tuple[pathlib.Path, pathlib.Path]:
-  """(prepared_dir, workdir of an uninterrupted STEPS-step run), made once per session.
+  """(prepared_dir, workdir of an uninterrupted STEPS-step run), made once per test run.
 
-  Tests copy the workdir before changing anything in it.
+  The pytest-xdist workers share it: the first to come trains it under a lock
+  in the run's common temporary folder, the others wait and read it. Tests
+  copy the workdir before changing anything in it.
   """
-  root = pathlib.Path(tmp_path_factory.getbasetemp()) / "fault_tolerance_shared"
+  base = pathlib.Path(tmp_path_factory.getbasetemp())
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is <the run's folder>/popen-gwN.
+    base = base.parent
+  root = base / "fault_tolerance_shared"
   key = str(root)
   if key not in _SHARED:
+    root.mkdir(parents=True, exist_ok=True)
     prepared, workdir = root / "prepared", root / "uninterrupted"
-    if not (workdir / "checkpoints" / str(STEPS)).is_dir():
-      shutil.rmtree(workdir, ignore_errors=True)
-      train_ok(workdir, prepared)
+    with open(root / "lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if not (workdir / "checkpoints" / str(STEPS)).is_dir():
+        shutil.rmtree(workdir, ignore_errors=True)
+        train_ok(workdir, prepared)
     _SHARED[key] = (prepared, workdir)
   return _SHARED[key]
