@@ -66,6 +66,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   from transformer_jax.model.info import parameter_counts
   from transformer_jax.tasks.translation import TranslationTask
   from transformer_jax.training import loop
+  from transformer_jax.training.config import LoopConfig
+  from transformer_jax.training.schedules import OptimizerConfig
 
   if FLAGS.prng_impl:
     jax.config.update("jax_default_prng_impl", FLAGS.prng_impl)
@@ -79,7 +81,9 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   peak_before = common.measure_matmul_peak(
       model_config.matmul_dtype, FLAGS.peak_matmul_size, result_dtype=model_config.dtype)
   start = time.perf_counter()
-  _, state, train_fn, _ = loop.build_steps(config, TranslationTask(config), mesh)
+  _, state, train_fn, _ = loop.build_steps(LoopConfig.from_config(config),
+                                           OptimizerConfig.from_config(config),
+                                           TranslationTask(config), mesh)
   jax.block_until_ready(state)
   init_s = time.perf_counter() - start  # Initialisation; the step compiles below.
   params = parameter_counts(state.params)["total"]

@@ -1,4 +1,5 @@
-"""The package reads as a map: layers import only downward, with no cycle and no lazy own imports."""
+"""The package reads as a map: layers import only downward, with no cycle and no lazy own
+imports, and the tasks' names are written only in tasks/."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ FORBIDDEN = {
     "hardware": {"cli"},  # Compiling a task's programs for a target: above tasks.
 }
 LAYERS = {"model", "data", "decode", "training", "tasks", "metrics", "interop", "hardware", "cli"}
-LIBRARY_LAYERS = LAYERS - {"cli"} | {""}
+# Top-level modules. The foundation every layer may import, importing no layer itself; and
+# configs.py, the experiment config, which knows the tasks (each validates its own keys) and
+# which only the commands, interop and hardware read.
+FOUNDATION = {"errors", "special_tokens", "sharding"}
+FORBIDDEN["foundation"] = LAYERS | {"configs"}
+FORBIDDEN["configs"] = {"interop", "hardware", "cli"}
+for _below in ("model", "data", "decode", "training", "tasks", "metrics"):
+  FORBIDDEN[_below] = FORBIDDEN[_below] | {"configs"}
+LIBRARY_LAYERS = LAYERS - {"cli"} | {"foundation", "configs"}
 # `python -m transformer_jax.<command>`: two-line entry points into cli/, part of that layer.
 COMMANDS = {"train", "translate", "evaluate", "average_checkpoints", "model_info", "generate",
             "import_marian", "export", "precompile"}
@@ -42,7 +51,11 @@ def layer(module: str) -> str:
     return ""
   if parts[0] in LAYERS:
     return parts[0]
-  return "cli" if len(parts) == 1 and parts[0] in COMMANDS else ""
+  if parts[0] in COMMANDS:
+    return "cli"
+  if parts[0] in FOUNDATION:
+    return "foundation"
+  return parts[0]  # "configs", or a module no rule names (`test_every_module_has_a_layer`).
 
 
 def _is_module(root: pathlib.Path, dotted: str) -> bool:
@@ -168,3 +181,40 @@ def test_the_rules_catch_what_they_forbid(tmp_path, files, expected):
 def test_a_lazy_optional_import_with_its_reason_passes(tmp_path):
   files = {"training/loop.py": "def f():\n  import torch  # Optional, heavy: only for --compare.\n"}
   assert check_package(_fake_package(tmp_path, files)) == []
+
+
+def test_every_module_has_a_layer():
+  known = LAYERS | {"foundation", "configs", ""}
+  strays = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                  if layer(module_name(path, PACKAGE)) not in known)
+  assert not strays, f"modules that no layering rule covers: {strays}"
+
+
+def task_names_outside_tasks(root: pathlib.Path, names: set[str]) -> list[str]:
+  """Places outside tasks/ whose code holds a task's name as a string (not a docstring)."""
+  found = []
+  for path in sorted(root.rglob("*.py")):
+    if path.relative_to(root).parts[0] == "tasks":
+      continue
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Constant) and node.value in names
+          and id(node) not in docstrings):
+        found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.value!r}")
+  return found
+
+
+def test_no_task_name_is_written_outside_tasks():
+  from transformer_jax.tasks.registry import TASKS
+
+  found = task_names_outside_tasks(PACKAGE, set(TASKS))
+  assert not found, "name the task through its class (TranslationTask.name):\n" + "\n".join(found)
+
+
+def test_the_task_name_rule_catches_a_string(tmp_path):
+  root = _fake_package(tmp_path, {"training/loop.py": 'if task == "translation":\n  pass\n'})
+  assert task_names_outside_tasks(root, {"translation"}) == [
+      "transformer_jax/training/loop.py:1 'translation'"]

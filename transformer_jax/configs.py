@@ -17,14 +17,15 @@ import ml_collections
 
 from transformer_jax.data.config import default_data_config
 from transformer_jax.errors import UserError
-from transformer_jax.model.config import DROPOUT_RATES, ModelConfig, default_model_config
+from transformer_jax.model.config import default_model_config
+from transformer_jax.tasks.registry import DEFAULT_TASK, task_class
+from transformer_jax.training.config import LoopConfig
 
 
 def default_config() -> ml_collections.ConfigDict:
   """The paper's base recipe (§5) with small-machine logging defaults."""
   config = ml_collections.ConfigDict()
-  # "translation" | "prefix_lm" | "causal_lm" | "masked_lm" | "classification" (tasks/registry.py).
-  config.task = "translation"
+  config.task = DEFAULT_TASK  # One of tasks/registry.py's TASKS.
   # What a monolingual task reads of the corpus: "source", "target" or "pair" (tasks/rows.py).
   config.text_side = "target"
   config.mask_rate = 0.15  # masked_lm: the share of tokens chosen (of them 80/10/10 %).
@@ -109,23 +110,6 @@ def all_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
   return keys
 
 
-# Tasks whose rows hold a source and its target one after the other.
-PAIR_ROW_TASKS = ("prefix_lm", "classification")
-
-
-def check_learned_positions(config: ml_collections.ConfigDict) -> None:
-  """Learned positions must cover the longest training row (past the table: NaN, not an error)."""
-  model = ModelConfig.from_config(config.model)
-  pair = config.task in PAIR_ROW_TASKS or (config.task == "masked_lm" and config.text_side == "pair")
-  row_len = config.data.max_len * (2 if pair else 1)
-  if model.positions == "learned" and model.max_len < row_len:
-    what = "source and target in one row" if pair else "data.max_len"
-    raise UserError(
-        f"config.model.max_len={model.max_len} learned positions cannot cover rows of {row_len} "
-        f"tokens ({what}); raise config.model.max_len to {row_len} or use "
-        "config.model.positions='sinusoidal'")
-
-
 def check_overrides_apply(config: ml_collections.ConfigDict, overridden: Iterable[str]) -> None:
   """Raises a one-line UserError for a command-line override that the config would ignore.
 
@@ -153,30 +137,19 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
       close = difflib.get_close_matches(key, sorted(valid), n=3)
       hint = f"; did you mean {', '.join('config.' + c for c in close)}?" if close else ""
       raise UserError(f"unknown config key config.{key}{hint}")
-  check_learned_positions(config)
+  task_class(config.task).check_config(config)
   if config.model.get("quantize"):
     raise UserError(f"config.model.quantize={config.model.quantize!r} is for decoding a trained "
                     "run (translate or evaluate --quantize=int8); train with quantize=''")
-  for key in ("num_train_steps", "gradient_accumulation_steps", "log_every_steps",
-              "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints", "warmup_steps"):
-    if int(config[key]) < 1:
-      raise UserError(f"config.{key}={config[key]!r} must be a positive integer")
+  LoopConfig.from_config(config)
+  if int(config.warmup_steps) < 1:
+    raise UserError(f"config.warmup_steps={config.warmup_steps!r} must be a positive integer")
   if int(config.cpu_devices) < 0:
     raise UserError(f"config.cpu_devices={config.cpu_devices!r} must be >= 0 (0: JAX's default)")
-  if config.train_minutes < 0:
-    raise UserError(f"config.train_minutes={config.train_minutes!r} must be >= 0 (0: train "
-                    "num_train_steps)")
   if not 0.0 <= config.label_smoothing < 1.0:
     raise UserError(f"config.label_smoothing={config.label_smoothing!r} must be in [0, 1)")
   if config.rdrop_alpha < 0:
     raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} must be >= 0 (0: no R-Drop)")
-  if config.rdrop_alpha > 0 and config.task != "translation":
-    raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} is implemented for the "
-                    f"translation task only, not {config.task!r}; set config.rdrop_alpha=0")
-  if config.rdrop_alpha > 0 and not any(config.model.get(name, 0.0) for name in DROPOUT_RATES):
-    raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} needs dropout to compare two "
-                    "passes, but config.model's dropout rates are all 0; set "
-                    "config.model.dropout_rate > 0 or config.rdrop_alpha=0")
   if config.beam_size < 1:
     raise UserError(f"config.beam_size={config.beam_size} must be at least 1")
   if config.length_penalty < 0:

@@ -12,6 +12,8 @@ from transformer_jax import sharding
 from transformer_jax.configs import default_config
 from transformer_jax.tasks.translation import TranslationTask
 from transformer_jax.training import loop
+from transformer_jax.training.config import LoopConfig
+from transformer_jax.training.schedules import OptimizerConfig
 
 
 def _tiny_config():
@@ -36,7 +38,8 @@ def _synthetic_batch(rows=16, seed=0):
 
 def _run_steps(config, mesh, batches, task_class=TranslationTask):
   task = task_class(config)
-  _, state, train_fn, _ = loop.build_steps(config, task, mesh)
+  _, state, train_fn, _ = loop.build_steps(LoopConfig.from_config(config),
+                                           OptimizerConfig.from_config(config), task, mesh)
   for batch in batches:
     batch = {k: v for k, v in batch.items() if k in task.batch_keys}
     state, metrics = train_fn(state, sharding.global_batch(batch, mesh))

@@ -143,7 +143,8 @@ def test_rdrop_sharded_step_equals_single_device_step(tiny_model, synthetic_batc
 
 @pytest.mark.parametrize("task,alpha,dropout_rate,message", [
     ("translation", -1.0, 0.1, "config.rdrop_alpha=-1.0 must be >= 0"),
-    ("causal_lm", 5.0, 0.1, "translation task only, not 'causal_lm'; set config.rdrop_alpha=0"),
+    ("causal_lm", 5.0, 0.1, "not implemented for the causal_lm task; set config.rdrop_alpha=0"),
+    ("prefix_lm", 5.0, 0.1, "not implemented for the prefix_lm task; set config.rdrop_alpha=0"),
     ("translation", 5.0, 0.0, "dropout rates are all 0; set config.model.dropout_rate > 0"),
 ])
 def test_a_bad_weight_another_task_or_no_dropout_is_a_one_line_error(task, alpha, dropout_rate,

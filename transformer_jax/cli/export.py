@@ -17,6 +17,7 @@ from transformer_jax.cli import common
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.interop.ctranslate2_export import export_ctranslate2
 from transformer_jax.tasks.registry import load_run
+from transformer_jax.tasks.translation import TranslationTask
 
 FLAGS = common.FLAGS
 
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> None:
   workdir = common.require_workdir()
   if not FLAGS.out:
     raise UserError("--out is required: the directory to write the exported model to")
-  run = load_run(workdir, FLAGS.checkpoint, expected_task="translation")
+  run = load_run(workdir, FLAGS.checkpoint, expected_task=TranslationTask.name)
   out = export_ctranslate2(run, FLAGS.out, FLAGS.quantization)
   print(f"exported step {run.step} of {workdir} to {out} ({FLAGS.format}"
         f"{', ' + FLAGS.quantization if FLAGS.quantization else ''})")

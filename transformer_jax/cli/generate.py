@@ -20,6 +20,7 @@ from transformer_jax.cli import common
 from transformer_jax.decode.generate import generate
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.special_tokens import PAD_ID
+from transformer_jax.tasks.causal_lm import CausalLMTask
 from transformer_jax.tasks.registry import load_run
 
 FLAGS = common.FLAGS
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> None:
                     "--top_k >= 0")
   prompts = ([FLAGS.prompt] if FLAGS.prompt is not None
              else common.read_lines(sys.stdin.buffer, FLAGS.replace_invalid_utf8))
-  run = load_run(workdir, FLAGS.checkpoint, expected_task="causal_lm")
+  run = load_run(workdir, FLAGS.checkpoint, expected_task=CausalLMTask.name)
   encoded = [run.tokenizer.encode(prompt)[:-1] for prompt in prompts]  # No EOS after a prompt.
   longest = max([len(ids) for ids in encoded] + [1])
   if run.model.config.positions == "learned" and 1 + longest + FLAGS.max_new_tokens > run.model.config.max_len:

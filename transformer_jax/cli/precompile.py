@@ -29,7 +29,6 @@ from transformer_jax.cli import common
 from transformer_jax.cli.model_info import parse_mesh
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.hardware import precompile
-from transformer_jax.hardware.analysis import COLLECTIVES
 from transformer_jax.hardware.targets import LOCAL, get_target
 from transformer_jax.training import compiled_step
 

@@ -12,6 +12,7 @@ from absl import app
 
 from transformer_jax import sharding
 from transformer_jax.cli import common
+from transformer_jax.configs import validate_config
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.tasks.registry import make_task
 from transformer_jax.training.loop import NonFiniteLossError, train_and_evaluate
@@ -24,6 +25,7 @@ def main(argv: list[str]) -> None:
   common.quiet_libraries()
   common.enable_compilation_cache()
   config, workdir = common.config_and_workdir()
+  validate_config(config)  # Before anything reads it.
   sharding.use_cpu_devices(config.cpu_devices)
   flags = common.FLAGS
   sharding.maybe_initialize_distributed(flags.coordinator_address, flags.num_processes,

@@ -4,8 +4,9 @@ The trainer (`training/loop.py`) owns the step, sharding, checkpoints, exact
 resume, preemption and logging; a task owns everything that differs between,
 say, translation and masked-LM pre-training:
 
-  prepare_data()      load what it trains on (may set config.model fields, e.g. vocab_size);
-  build_model()       the Flax module, from config.model;
+  prepare_data()      load what it trains on (what it decides, e.g. the vocabulary size,
+                      enters `model_config` and `run_config()`, never the config);
+  build_model()       the Flax module, from `model_config`;
   init_params(m, key) the module's boxed parameters;
   loss_sums(...)      (loss_sum, {'tokens', '<name>_sum', ...}) for one batch;
   batch_keys          the arrays of a batch the loss reads;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import json
 from typing import Any, Iterable, Protocol
 
 import jax
@@ -30,6 +32,8 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh
 
+from transformer_jax.errors import UserError
+from transformer_jax.model.config import DROPOUT_RATES, ModelConfig
 from transformer_jax.training import run_dir
 from transformer_jax.training.step import averages
 
@@ -48,16 +52,55 @@ class Task(abc.ABC):
   name: str = ""
   batch_keys: tuple[str, ...] = ()
   count_unit: str = "tok"  # What sums["tokens"] counts, in the progress line's throughput.
+  rows_hold_pairs: bool = False  # A training row holds a source and its target, one after the other.
+  supports_rdrop: bool = False  # config.rdrop_alpha > 0: the loss compares two dropout passes.
+
+  @classmethod
+  def row_length(cls, config: ml_collections.ConfigDict) -> int:
+    """Tokens in the longest training row: data.max_len, or twice that for pair rows."""
+    return int(config.data.max_len) * (2 if cls.rows_hold_pairs else 1)
+
+  @classmethod
+  def check_config(cls, config: ml_collections.ConfigDict) -> None:
+    """Raises a one-line UserError for a config this task cannot train with."""
+    model = ModelConfig.from_config(config.model)
+    row_length = cls.row_length(config)
+    if model.positions == "learned" and model.max_len < row_length:
+      what = ("source and target in one row" if row_length > config.data.max_len
+              else "data.max_len")
+      raise UserError(
+          f"config.model.max_len={model.max_len} learned positions cannot cover rows of "
+          f"{row_length} tokens ({what}); raise config.model.max_len to {row_length} or use "
+          "config.model.positions='sinusoidal'")
+    if config.rdrop_alpha > 0 and not cls.supports_rdrop:
+      raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} is not implemented for the "
+                      f"{cls.name} task; set config.rdrop_alpha=0")
+    if config.rdrop_alpha > 0 and not any(getattr(model, name) for name in DROPOUT_RATES):
+      raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} needs dropout to compare two "
+                      "passes, but config.model's dropout rates are all 0; set "
+                      "config.model.dropout_rate > 0 or config.rdrop_alpha=0")
 
   def __init__(self, config: ml_collections.ConfigDict):
     self.config = config
+    self._model_config = ModelConfig.from_config(config.model)
 
   def prepare_data(self) -> None:
     """Loads the data the task trains on (called once, before `build_model`)."""
 
+  @property
+  def model_config(self) -> ModelConfig:
+    """config.model, validated, with what the data decides once `prepare_data` ran."""
+    return self._model_config
+
+  def run_config(self) -> dict:
+    """The config as this run resolves it: what a run's config.json and checkpoints record."""
+    values = json.loads(self.config.to_json_best_effort())
+    values["model"]["vocab_size"] = self.model_config.vocab_size
+    return values
+
   @abc.abstractmethod
   def build_model(self) -> nn.Module:
-    """The task's model, built from `config.model`."""
+    """The task's model, built from `model_config`."""
 
   @abc.abstractmethod
   def init_params(self, model: nn.Module, key: jax.Array) -> Any:

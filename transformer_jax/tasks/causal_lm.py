@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import ml_collections
 from flax import linen as nn
 
 from transformer_jax.errors import UserError
@@ -55,15 +56,16 @@ class CausalLMTask(CorpusTask):
     side = "src" if self.config.text_side == "source" else "target"
     return tuple(f"{side}_{key}" for key in ("tokens", "segment_ids", "positions"))
 
-  def prepare_data(self) -> None:
-    if self.config.text_side not in ("source", "target"):
+  @classmethod
+  def check_config(cls, config: ml_collections.ConfigDict) -> None:
+    if config.text_side not in ("source", "target"):
       raise UserError(f"causal_lm reads one side, not config.text_side="
-                      f"{self.config.text_side!r}; set source or target, or use "
+                      f"{config.text_side!r}; set source or target, or use "
                       "config.task=prefix_lm for source-then-target rows")
-    super().prepare_data()
+    super().check_config(config)
 
   def build_model(self) -> DecoderOnly:
-    return DecoderOnly(self.config.model)
+    return DecoderOnly(self.model_config)
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     if self.config.text_side == "source":

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 from flax import linen as nn
@@ -62,14 +63,16 @@ class ClassificationTask(CorpusTask):
   name = "classification"
   extra_tokens = ("<mask>",)  # The masked-LM vocabulary, so its weights load unchanged.
   count_unit = "pairs"
+  rows_hold_pairs = True
 
-  def prepare_data(self) -> None:
-    if self.config.data.pack:
+  @classmethod
+  def check_config(cls, config: ml_collections.ConfigDict) -> None:
+    if config.data.pack:
       raise UserError("classification reads one pair per row; set --config.data.pack=False")
-    super().prepare_data()
+    super().check_config(config)
 
   def build_model(self) -> EncoderOnly:
-    return EncoderOnly(self.config.model, head="classify", num_classes=2)
+    return EncoderOnly(self.model_config, head="classify", num_classes=2)
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     key, rngs = step_keys(self.config.seed, batch["src_tokens"], train, dropout_key)

@@ -23,6 +23,7 @@ from transformer_jax import sharding
 from transformer_jax.data.pipeline import TranslationData, load_dataset
 from transformer_jax.data.tokenizer import load_tokenizer
 from transformer_jax.errors import UserError
+from transformer_jax.model.config import ModelConfig
 from transformer_jax.tasks.base import BatchIterator, Task
 from transformer_jax.tasks.rows import CORPUS_BATCH_KEYS
 from transformer_jax.training.losses import smoothing_entropy
@@ -60,9 +61,9 @@ class CorpusTask(Task):
     sharding.check_same_everywhere(
         self._data.tokenizer.sha256, "the tokenizer",
         "give every host the same data.prepared_dir (a shared disk) or data.tokenizer_path")
-    with self.config.unlocked():
-      # The model follows the tokenizer.
-      self.config.model.vocab_size = self._data.tokenizer.vocab_size + len(self.extra_tokens)
+    # The model follows the tokenizer.
+    vocab_size = self._data.tokenizer.vocab_size + len(self.extra_tokens)
+    self._model_config = ModelConfig.from_config(dict(self.config.model, vocab_size=vocab_size))
 
   def init_params(self, model: nn.Module, key: jax.Array) -> Any:
     return init_one_stack(model, key)
@@ -81,7 +82,7 @@ class CorpusTask(Task):
     """Loss, loss above the label-smoothing entropy floor, NLL and perplexity."""
     del model, params, mesh
     means = averages(sums, np)
-    entropy = smoothing_entropy(self.config.model.vocab_size, self.config.label_smoothing)
+    entropy = smoothing_entropy(self.model_config.vocab_size, self.config.label_smoothing)
     return dict(loss=float(means["loss"]), loss_above_entropy=float(means["loss"]) - entropy,
                 nll=float(means["nll"]), perplexity=float(means["perplexity"]))
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh
@@ -76,16 +77,21 @@ class MaskedLMTask(CorpusTask):
   extra_tokens = ("<mask>",)
   count_unit = "masked tok"
 
-  def prepare_data(self) -> None:
-    check_text_side(self.config.text_side)
-    super().prepare_data()
+  @classmethod
+  def row_length(cls, config: ml_collections.ConfigDict) -> int:
+    return int(config.data.max_len) * (2 if config.text_side == "pair" else 1)
+
+  @classmethod
+  def check_config(cls, config: ml_collections.ConfigDict) -> None:
+    check_text_side(config.text_side)
+    super().check_config(config)
 
   @property
   def mask_id(self) -> int:
-    return self.config.model.vocab_size - 1  # The one extra token, after the pieces.
+    return self.model_config.vocab_size - 1  # The one extra token, after the pieces.
 
   def build_model(self) -> EncoderOnly:
-    return EncoderOnly(self.config.model, head="mlm")
+    return EncoderOnly(self.model_config, head="mlm")
 
   def loss_sums(self, model, params, batch, train, dropout_key):
     rows = text_rows(batch, self.config.text_side)

@@ -40,9 +40,11 @@ class PrefixLMTask(TranslationTask):
   """Source -> target with a decoder-only model; the encoder-decoder's data, BLEU and report."""
 
   name = "prefix_lm"
+  rows_hold_pairs = True
+  supports_rdrop = False
 
   def build_model(self) -> DecoderOnly:
-    return DecoderOnly(self.config.model)
+    return DecoderOnly(self.model_config)
 
   def init_params(self, model: nn.Module, key: jax.Array) -> Any:
     return init_one_stack(model, key)

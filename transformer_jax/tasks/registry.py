@@ -25,12 +25,20 @@ TASKS: dict[str, type[Task]] = {
 TRANSLATION_TASKS = (TranslationTask.name, PrefixLMTask.name)
 
 
-def make_task(config: ml_collections.ConfigDict) -> Task:
-  """The Task that `config.task` names (a run written before tasks existed: translation)."""
-  name = config.get("task", TranslationTask.name)
+# What config.task is by default, and in a run written before tasks existed.
+DEFAULT_TASK = TranslationTask.name
+
+
+def task_class(name: str) -> type[Task]:
+  """The Task class `config.task` names, or a one-line UserError."""
   if name not in TASKS:
     raise UserError(f"config.task={name!r} is not one of {', '.join(TASKS)}")
-  return TASKS[name](config)
+  return TASKS[name]
+
+
+def make_task(config: ml_collections.ConfigDict) -> Task:
+  """The Task that `config.task` names."""
+  return task_class(config.get("task", DEFAULT_TASK))(config)
 
 
 def load_run(workdir: str, checkpoint: str = "latest", mesh: Mesh | None = None,

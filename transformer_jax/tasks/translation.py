@@ -83,13 +83,14 @@ class TranslationTask(CorpusTask):
   """Source -> target with the encoder-decoder; dev loss and BLEU; a final test-set report."""
 
   name = "translation"
+  supports_rdrop = True
 
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
     self._translator: Translator | None = None  # Made at the first dev BLEU.
 
   def build_model(self) -> Transformer:
-    return Transformer(self.config.model)
+    return Transformer(self.model_config)
 
   def init_params(self, model: nn.Module, key: jax.Array) -> Any:
     return init_transformer(model, key)
@@ -114,7 +115,7 @@ class TranslationTask(CorpusTask):
     sources, references = self.data.texts(self.data.eval_split)
     count = self.config.eval_bleu_sentences
     hypotheses = translate_texts(self._translator, self.data.tokenizer, sources[:count],
-                                 self.config.model.max_len)
+                                 self.model_config.max_len)
     if self.data.references_kind == bleu.REFERENCES_TOKENIZED:
       return bleu.tok_bleu(hypotheses, references[:count])
     return bleu.sacre_bleu(hypotheses, references[:count])[0]

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import math
 
-import ml_collections
 
-
-def decision_step(config: ml_collections.ConfigDict) -> int:
+def decision_step(warmup_steps: int, num_train_steps: int) -> int:
   """The step after which the count is fixed: halfway through the warm-up."""
-  return max(2, min(config.warmup_steps, config.num_train_steps) // 2)
+  return max(2, min(warmup_steps, num_train_steps) // 2)
 
 
 def evaluations_after(step: int, last: int, eval_every: int) -> int:

@@ -20,6 +20,7 @@ from jax.sharding import AbstractMesh, Mesh
 
 from transformer_jax import sharding
 from transformer_jax.errors import UserError
+from transformer_jax.training.config import LoopConfig
 from transformer_jax.training.schedules import OptimizerConfig, make_optimizer, make_schedule
 from transformer_jax.training.state import InitParams, TrainState, abstract_train_state
 from transformer_jax.training.step import LossFn, compile_steps
@@ -66,8 +67,8 @@ def lower_train_step(config: ml_collections.ConfigDict, init_params: InitParams,
   optimizer = make_optimizer(optimizer_config)
   state = abstract_train_state(init_params, optimizer, mesh)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
-  train_step, _ = compile_steps(loss_fn, optimizer, make_schedule(optimizer_config), config,
-                                mesh, shardings)
+  train_step, _ = compile_steps(loss_fn, optimizer, make_schedule(optimizer_config),
+                                LoopConfig.from_config(config), mesh, shardings)
   if rows is None:
     rows, _ = batch_shape(config, mesh)
   length = int(config.data.max_len)

@@ -3,7 +3,8 @@
 `train_and_evaluate(config, workdir, task)` trains (or resumes) to
 `config.num_train_steps`: a fresh run starts from `create_train_state` (with
 `config.init_from`, from another run's weights), a rerun from the latest
-complete checkpoint, with the data position it saved.
+complete checkpoint, with the data position it saved. The config is read once,
+into `LoopConfig` and `OptimizerConfig`; nothing writes into it.
 The loop knows a task only through `Trainable`, which `tasks.base.Task` implements.
 """
 
@@ -25,12 +26,12 @@ from absl import logging
 from jax.sharding import Mesh
 
 from transformer_jax import sharding
-from transformer_jax.configs import validate_config
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.info import format_counts, parameter_counts
 from transformer_jax.training import budget, checkpoints, compiled_step, init_from
+from transformer_jax.training.config import LoopConfig
 from transformer_jax.training.metric_writers import MetricsWriter
 from transformer_jax.training.preemption import PreemptionWatcher
 from transformer_jax.training.schedules import OptimizerConfig, make_optimizer, make_schedule
@@ -43,8 +44,10 @@ class Trainable(Protocol):
 
   batch_keys: tuple[str, ...]
   count_unit: str
+  model_config: ModelConfig  # With what the data decides (the vocabulary) once prepared.
 
   def prepare_data(self) -> None: ...
+  def run_config(self) -> dict: ...
   def build_model(self) -> Any: ...
   def init_params(self, model: Any, key: jax.Array) -> Any: ...
   def loss_sums(self, model: Any, params: Any, batch: dict, train: bool,
@@ -72,9 +75,14 @@ def model_config_dict(model_config: Any) -> dict:
 
 @dataclasses.dataclass
 class Run:
-  """What the loop works with, set up once per process."""
+  """What the loop works with, set up once per process.
 
-  config: ml_collections.ConfigDict
+  `loop` and `optimizer` are replaced (never changed) when a time budget fixes the step count.
+  """
+
+  loop: LoopConfig
+  optimizer: OptimizerConfig
+  init_from: str
   workdir: str
   task: Trainable
   mesh: Mesh
@@ -87,22 +95,22 @@ class Run:
   restored_meta: dict = dataclasses.field(default_factory=dict)  # The resumed checkpoint's.
 
 
-def build_steps(config: ml_collections.ConfigDict, task: Trainable, mesh: Mesh
-                ) -> tuple[Any, TrainState, Callable, Callable]:
+def build_steps(loop_config: LoopConfig, optimizer_config: OptimizerConfig, task: Trainable,
+                mesh: Mesh) -> tuple[Any, TrainState, Callable, Callable]:
   """The task's model, its initial state on `mesh`, and the compiled (train_step, eval_step)."""
   model = task.build_model()
-  optimizer_config = OptimizerConfig.from_config(config)
   optimizer = make_optimizer(optimizer_config)
   state, state_shardings = create_train_state(
-      functools.partial(task.init_params, model), optimizer, mesh, config.seed)
+      functools.partial(task.init_params, model), optimizer, mesh, loop_config.seed)
   train_fn, eval_fn = compile_steps(
       functools.partial(task.loss_sums, model), optimizer, make_schedule(optimizer_config),
-      config, mesh, state_shardings)
+      loop_config, mesh, state_shardings)
   return model, state, train_fn, eval_fn
 
 
 def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> tuple[Run, TrainState, Any]:
-  """Validates the config and builds mesh, data, model, state, compiled steps and writers.
+  """Builds mesh, data, model, state, compiled steps and writers for a validated config
+  (`configs.validate_config`, which the train command runs first).
 
   Returns:
     (run, the initial state, this host's training batch iterator).
@@ -112,12 +120,13 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
   except OSError as e:
     raise UserError(f"cannot create --workdir={workdir} ({e.strerror}); "
                     "choose a writable folder") from None
-  validate_config(config)
+  loop_config = LoopConfig.from_config(config)
   sharding.check_cpu_devices(config.cpu_devices)
   mesh = sharding.make_mesh(config.mesh)
   sharding.log_topology(mesh)
   task.prepare_data()
-  model, state, train_fn, eval_fn = build_steps(config, task, mesh)
+  optimizer_config = OptimizerConfig.from_config(config)
+  model, state, train_fn, eval_fn = build_steps(loop_config, optimizer_config, task, mesh)
   # An executable `precompile --workdir` saved for these devices serves its batch shape.
   train_fn = compiled_step.with_saved_step(train_fn, workdir, config, mesh)
   if jax.process_index() == 0:
@@ -127,25 +136,26 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
       print(f"matmul operands: {'bfloat16' if native else config.model.dtype} "
             f"(matmul_dtype='auto': {reason})", flush=True)
     logging.info("%s", task.describe())
-  manager = checkpoints.make_manager(
-      checkpoints.checkpoint_dir(workdir), config.keep_checkpoints, config.async_checkpoints)
+  manager = checkpoints.make_manager(checkpoints.checkpoint_dir(workdir),
+                                     loop_config.keep_checkpoints, loop_config.async_checkpoints)
   train_iter = task.train_iterator(
-      sharding.batch_shards(mesh) * config.gradient_accumulation_steps,
+      sharding.batch_shards(mesh) * loop_config.gradient_accumulation_steps,
       jax.process_index(), jax.process_count())
-  meta = dict(config=json.loads(config.to_json_best_effort()), **task.checkpoint_meta())
-  run = Run(config, workdir, task, mesh, model, train_fn, eval_fn, manager,
-            MetricsWriter(workdir, config.num_train_steps, unit=task.count_unit), meta)
+  meta = dict(config=task.run_config(), **task.checkpoint_meta())
+  run = Run(loop_config, optimizer_config, config.init_from, workdir, task, mesh, model,
+            train_fn, eval_fn, manager,
+            MetricsWriter(workdir, loop_config.num_train_steps, unit=task.count_unit), meta)
   return run, state, train_iter
 
 
 def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState:
   """The latest readable checkpoint (state and data position), or a fresh run's files."""
-  model_dict = model_config_dict(run.config.model)
+  model_dict = model_config_dict(run.task.model_config)
 
   def check_meta(meta: dict) -> None:  # Before reading the state: a clear error, not Orbax's.
     checkpoints.check_compatible(model_config_dict(meta["config"]["model"]), model_dict,
                                  run.workdir)
-    checkpoints.check_same_train_state(meta["config"], run.config, run.workdir)
+    checkpoints.check_same_train_state(meta["config"], run.meta["config"], run.workdir)
     run.task.check_checkpoint_meta(meta, run.workdir)
 
   restored = checkpoints.restore_latest(
@@ -156,13 +166,13 @@ def restore_or_start(run: Run, state: TrainState, train_iter: Any) -> TrainState
     train_iter.set_state(data_state)
     logging.info("resumed from step %d", int(state.step))
   else:
-    if run.config.init_from:
-      run.task.check_init_from(run.config.init_from)
-      state = state.replace(params=init_from.params_from_run(state.params, run.config.init_from))
+    if run.init_from:
+      run.task.check_init_from(run.init_from)
+      state = state.replace(params=init_from.params_from_run(state.params, run.init_from))
     if jax.process_index() == 0:
       run.task.write_run_files(run.workdir)
       with open(os.path.join(run.workdir, "config.json"), "w") as f:
-        f.write(run.config.to_json_best_effort(indent=2))
+        json.dump(run.meta["config"], f, indent=2)
   if jax.process_index() == 0:
     record_process_config(run, int(state.step), resumed=restored is not None)
   # Rows a killed run logged after its last checkpoint (or before its first) are redone.
@@ -182,7 +192,7 @@ def record_process_config(run: Run, step: int, resumed: bool) -> None:
   """
   row = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), step=step, resumed=resumed,
              host=platform.node(), argv=sys.argv[1:],
-             config=json.loads(run.config.to_json_best_effort()))
+             config=run.meta["config"])
   with open(os.path.join(run.workdir, CONFIG_HISTORY), "a") as f:
     f.write(json.dumps(row) + "\n")
 
@@ -216,20 +226,20 @@ class Bookkeeping:
 
   def after_step(self, step: int, state: TrainState, metrics: dict, train_iter: Any) -> bool:
     """Logs, checks, saves and evaluates as due after `step`; True if preempted (saved)."""
-    config = self.run.config
+    loop = self.run.loop
     self.step_times[step] = time.time()
     # Read once: a SIGTERM from here on waits a step. Every host must take the
     # same decision (a save is collective): a signal or a timer on any host counts.
     preempted, save_timer_due = sharding.any_process(
         self.preemption.requested,
-        time.time() - self.last_save_time > 60 * config.checkpoint_every_minutes)
+        time.time() - self.last_save_time > 60 * loop.checkpoint_every_minutes)
     evaluated = False
     if not preempted and self.budget_decision_due(step):  # Before this step's save.
       evaluated = self.fix_step_count(step, state)
-    is_last = step == config.num_train_steps
-    checkpoint_due = (step % config.checkpoint_every_steps == 0 or save_timer_due or preempted
+    is_last = step == loop.num_train_steps
+    checkpoint_due = (step % loop.checkpoint_every_steps == 0 or save_timer_due or preempted
                       or is_last)
-    log_due = step % config.log_every_steps == 0 or is_last
+    log_due = step % loop.log_every_steps == 0 or is_last
     self.window_tokens = self.window_tokens + metrics["tokens"]  # Stays on device: no sync.
     self.run.writer.step_done(step)
     if log_due or checkpoint_due:
@@ -257,20 +267,23 @@ class Bookkeeping:
   def budget_decision_due(self, step: int) -> bool:
     """config.train_minutes: the count is fixed at the first step from `decision_step` on
     with a few steps of this process measured after its first (which compiles)."""
-    config = self.run.config
-    if config.train_minutes <= 0 or "budgeted_steps" in self.run.meta:
+    if self.run.loop.train_minutes <= 0 or "budgeted_steps" in self.run.meta:
       return False
-    decision = budget.decision_step(config)
+    decision = self.decision_step()
     measured = step - self.budget_window_start()
     return step >= decision and measured >= min(10, max(decision - decision // 2, 1))
 
   def budget_window_start(self) -> int:
     """The first step whose time the budget's speed is measured from: halfway to the decision
     step, or this process's first step (which compiled) if it resumed later."""
-    return max(budget.decision_step(self.run.config) // 2, self.start_step + 1)
+    return max(self.decision_step() // 2, self.start_step + 1)
+
+  def decision_step(self) -> int:
+    return budget.decision_step(self.run.optimizer.warmup_steps, self.run.loop.num_train_steps)
 
   def eval_due(self, step: int) -> bool:
-    return step % self.run.config.eval_every_steps == 0 or step == self.run.config.num_train_steps
+    loop = self.run.loop
+    return step % loop.eval_every_steps == 0 or step == loop.num_train_steps
 
   def evaluate(self, step: int, state: TrainState) -> None:
     started = time.time()
@@ -294,7 +307,7 @@ class Bookkeeping:
     far (from halfway to here, or from this process's second step; evaluations taken out),
     the evaluations' mean time (this step's evaluation is run now if none was timed yet), and
     the recompile a schedule that depends on the count needs. True if it evaluated `step`."""
-    config = self.run.config
+    loop = self.run.loop
     evaluated = False
     if not self.eval_seconds:
       if self.eval_due(step):
@@ -311,17 +324,17 @@ class Bookkeeping:
     seconds_per_eval = sum(self.eval_seconds.values()) / len(self.eval_seconds)
     # The first step of this process compiled it; a count-dependent schedule compiles again.
     recompile = (self.step_times[self.start_step + 1] - self.started
-                 if OptimizerConfig.from_config(config).uses_step_count else 0.0)
+                 if self.run.optimizer.uses_step_count else 0.0)
     elapsed = self.elapsed()
     count = sharding.from_process_0(budget.steps_that_fit(
-        60 * config.train_minutes, elapsed + recompile, step, seconds_per_step,
-        seconds_per_eval, config.eval_every_steps, config.num_train_steps))
-    decision = dict(step=step, num_train_steps=count, train_minutes=config.train_minutes,
+        60 * loop.train_minutes, elapsed + recompile, step, seconds_per_step,
+        seconds_per_eval, loop.eval_every_steps, loop.num_train_steps))
+    decision = dict(step=step, num_train_steps=count, train_minutes=loop.train_minutes,
                     elapsed_s=round(elapsed, 1),
                     seconds_per_step=round(seconds_per_step, 4),
                     seconds_per_eval=round(seconds_per_eval, 2), recompile_s=round(recompile, 1))
     if jax.process_index() == 0:
-      print(f"train_minutes={config.train_minutes:g}: {count} steps fit ({seconds_per_step:.3f} "
+      print(f"train_minutes={loop.train_minutes:g}: {count} steps fit ({seconds_per_step:.3f} "
             f"s a step, {seconds_per_eval:.1f} s an evaluation, {decision['elapsed_s']:.0f} s "
             f"so far); num_train_steps set to {count}", flush=True)
       with open(os.path.join(self.run.workdir, CONFIG_HISTORY), "a") as f:
@@ -333,16 +346,16 @@ class Bookkeeping:
   def set_step_count(self, count: int, state: TrainState) -> None:
     """Trains to `count` steps from here on; saved with each checkpoint, kept on resume."""
     run = self.run
-    run.config.num_train_steps = count
+    run.loop = run.loop.with_step_count(count)
+    run.optimizer = dataclasses.replace(run.optimizer, num_train_steps=count)
     run.meta["budgeted_steps"] = count
-    run.meta["config"]["num_train_steps"] = count
+    run.meta["config"]["num_train_steps"] = count  # The record saved with each checkpoint.
     run.writer.total_steps = count
-    optimizer_config = OptimizerConfig.from_config(run.config)
-    if optimizer_config.uses_step_count:  # The schedule is compiled into the step.
+    if run.optimizer.uses_step_count:  # The schedule is compiled into the step.
       state_shardings = jax.tree.map(lambda x: x.sharding, state)
       run.train_fn, _ = compile_steps(
-          functools.partial(run.task.loss_sums, run.model), make_optimizer(optimizer_config),
-          make_schedule(optimizer_config), run.config, run.mesh, state_shardings)
+          functools.partial(run.task.loss_sums, run.model), make_optimizer(run.optimizer),
+          make_schedule(run.optimizer), run.loop, run.mesh, state_shardings)
 
   def log(self, step: int, metrics: dict) -> None:
     now = time.time()
@@ -362,17 +375,18 @@ class Bookkeeping:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> TrainState:
   """Trains (or resumes) `task` to `config.num_train_steps`; returns the final state."""
   run, state, train_iter = set_up(config, workdir, task)
+  del config  # Read once, in set_up.
   state = restore_or_start(run, state, train_iter)
   books = Bookkeeping(run, start_step=int(state.step))
   previous_loss = None
   try:
     kept = run.restored_meta.get("budgeted_steps")
-    if config.train_minutes > 0 and kept:
+    if run.loop.train_minutes > 0 and kept:
       logging.info("train_minutes: the step count fixed before, %d, is kept", kept)
       books.set_step_count(int(kept), state)
     books.evaluate_missed(state)
     step = books.start_step
-    while step < config.num_train_steps:  # A time budget may lower it (Bookkeeping).
+    while step < run.loop.num_train_steps:  # A time budget may lower it (Bookkeeping).
       step += 1
       batch = {k: v for k, v in next(train_iter).items() if k in task.batch_keys}
       state, metrics = run.train_fn(state, sharding.global_batch(batch, run.mesh))

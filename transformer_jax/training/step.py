@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import Mesh
 
 from transformer_jax import sharding
+from transformer_jax.training.config import LoopConfig
 from transformer_jax.training.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -102,11 +102,11 @@ def sum_over_batches(eval_fn: Callable, params: Any, batches: Any, mesh: Mesh,
 
 def compile_steps(
     loss_fn: LossFn, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-    config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: Any,
+    loop_config: LoopConfig, mesh: Mesh, state_shardings: Any,
 ) -> tuple[Callable, Callable]:
   """Jitted (train_step, eval_step) with explicit shardings and a donated state.
 
-  `config` gives `seed` (dropout keys) and `gradient_accumulation_steps`.
+  `loop_config` gives `seed` (dropout keys) and `gradient_accumulation_steps`.
   Each returned function runs inside the mesh and its logical-axis rules; its
   `.lower(*args)` gives the compiled computation for inspection.
   """
@@ -114,7 +114,8 @@ def compile_steps(
   replicated = sharding.replicated(mesh)
   jitted_train = jax.jit(
       functools.partial(train_step, loss_fn=loss_fn, optimizer=optimizer, schedule=schedule,
-                        seed=config.seed, accumulation_steps=config.gradient_accumulation_steps),
+                        seed=loop_config.seed,
+                        accumulation_steps=loop_config.gradient_accumulation_steps),
       in_shardings=(state_shardings, batch_sharding),
       out_shardings=(state_shardings, replicated),
       donate_argnums=0,
