@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
   task = make_task(config)
   preemption = PreemptionWatcher()  # The loop's own watcher nests in it and passes SIGTERM on.
   try:
-    state = train_and_evaluate(config, workdir, task)
+    train_and_evaluate(config, workdir, task)  # Its state is dropped: the report reads checkpoints.
   except NonFiniteLossError as e:
     raise UserError(str(e)) from None
   except OSError as e:  # A full disk or a read-only folder (metrics, tokenizer, config).
@@ -41,11 +41,11 @@ def main(argv: list[str]) -> None:
                     "choose a writable --workdir; the complete checkpoints are intact") from None
   finally:
     preemption.close()
-  # Not after a SIGTERM, even one at the last step: the rerun reports (it resumes there).
+  # The loop returns before its last step (config.num_train_steps, or the fewer steps a time
+  # budget chose) only after a SIGTERM, which this watcher saw too. Not after a SIGTERM, even
+  # one at the last step: the rerun reports (it resumes there).
   preempted, = sharding.any_process(preemption.requested)
-  finished = int(state.step) >= config.num_train_steps and not preempted
-  del state
-  if finished:  # Every process: restoring, averaging and decoding are collective.
+  if not preempted:  # Every process: restoring, averaging and decoding are collective.
     task.final_report(workdir)
 
 
