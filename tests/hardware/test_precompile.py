@@ -184,7 +184,8 @@ def test_a_saved_step_loads_and_runs_like_the_compiled_one(tmp_path):
     return create_train_state(init, optimizer, mesh, seed=0)[0]
 
   expected_state, expected = compiled(fresh_state(), batch)
-  loaded = compiled_step.load(str(tmp_path), config, mesh)
+  run_config = task.run_config()
+  loaded = compiled_step.load(str(tmp_path), run_config, mesh)
   assert loaded is not None, "the saved step was not loaded on the devices it was compiled for"
   executable, shapes = loaded
   assert shapes == {"src_tokens": [report.rows, report.length],
@@ -196,15 +197,18 @@ def test_a_saved_step_loads_and_runs_like_the_compiled_one(tmp_path):
       np.asarray(expected_state.params["target_embedding"]["embedding"]))
 
   # The train loop's step: the saved executable for its batch shape, the jitted step otherwise.
-  step = compiled_step.with_saved_step(lambda *args: "jitted", str(tmp_path), config, mesh)
+  step = compiled_step.with_saved_step(lambda *args: "jitted", str(tmp_path), run_config, mesh)
   assert float(step(fresh_state(), batch)[1]["loss"]) == float(expected["loss"])
   shorter = {key: value[:, :8] for key, value in batch.items()}
   assert step(fresh_state(), shorter) == "jitted"
 
   other = tiny_config()
   other.label_smoothing = 0.2
-  assert compiled_step.load(str(tmp_path), other, mesh) is None  # Another config: compile.
-  assert compiled_step.load(str(tmp_path), config,
+  assert compiled_step.load(str(tmp_path), make_task(other).run_config(), mesh) is None  # Compile.
+  # The vocabulary the run's tokenizer decided differs from the config's: another step.
+  other_vocabulary = dict(run_config, model=dict(run_config["model"], vocab_size=65))
+  assert compiled_step.load(str(tmp_path), other_vocabulary, mesh) is None
+  assert compiled_step.load(str(tmp_path), run_config,
                             sharding.make_mesh(dict(data=8, fsdp=1, tensor=1))) is None
 
 

@@ -30,6 +30,7 @@ from transformer_jax.cli.model_info import parse_mesh
 from transformer_jax.errors import UserError, exit_on_user_error
 from transformer_jax.hardware import precompile
 from transformer_jax.hardware.targets import LOCAL, get_target
+from transformer_jax.tasks.registry import make_task
 from transformer_jax.training import compiled_step
 
 MiB, GiB = 2**20, 2**30
@@ -124,7 +125,8 @@ def main(argv: list[str]) -> None:
     print("does not fit on any mesh tried; in order, try: "
           + "; ".join(precompile.fixes(target)), flush=True)
   if FLAGS.workdir and compiled is not None:
-    path = compiled_step.save(compiled, os.path.expanduser(FLAGS.workdir), config)
+    path = compiled_step.save(compiled, os.path.expanduser(FLAGS.workdir),
+                              make_task(config).run_config())
     print(f"saved the train step's executable: {path}", flush=True)
   decode = (precompile.compile_decoding(config, target, report.mesh, report.rows,
                                         int(config.data.max_len) // 2)

@@ -21,7 +21,6 @@ import pickle
 from typing import Any, Callable
 
 import jax
-import ml_collections
 from absl import logging
 from jax.experimental import serialize_executable
 from jax.sharding import Mesh
@@ -35,9 +34,13 @@ HOST_SIDE_KEYS = ("cpu_devices", "log_every_steps", "eval_every_steps", "checkpo
                   "average_last_checkpoints", "final_eval_split", "init_from")
 
 
-def config_digest(config: ml_collections.ConfigDict) -> str:
-  """A hash of everything in `config` that the compiled step depends on."""
-  values = json.loads(config.to_json_best_effort())
+def config_digest(run_config: dict) -> str:
+  """A hash of everything in a run's config that the compiled step depends on.
+
+  `run_config`: the config as the run records it (`Task.run_config()`: the vocabulary the
+  tokenizer decided included), so that a step compiled for another vocabulary never loads.
+  """
+  values = dict(run_config)
   for key in HOST_SIDE_KEYS:
     values.pop(key, None)
   return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
@@ -54,13 +57,13 @@ def _batch_shapes(batch: dict[str, Any]) -> dict[str, list[int]]:
   return {key: list(value.shape) for key, value in sorted(batch.items())}
 
 
-def save(compiled: jax.stages.Compiled, workdir: str, config: ml_collections.ConfigDict) -> str:
+def save(compiled: jax.stages.Compiled, workdir: str, run_config: dict) -> str:
   """Writes a compiled train step and its record into `workdir`/compiled/; returns the path."""
   folder = os.path.join(workdir, FOLDER)
   os.makedirs(folder, exist_ok=True)
   (_, batch_info), _ = compiled.args_info
   mesh = jax.tree.leaves(compiled.input_shardings)[0].mesh
-  record = dict(config_digest=config_digest(config), batch=_batch_shapes(batch_info),
+  record = dict(config_digest=config_digest(run_config), batch=_batch_shapes(batch_info),
                 **devices_record(mesh))
   path = os.path.join(folder, EXECUTABLE)
   with open(path + ".tmp", "wb") as f:
@@ -71,7 +74,7 @@ def save(compiled: jax.stages.Compiled, workdir: str, config: ml_collections.Con
   return path
 
 
-def load(workdir: str, config: ml_collections.ConfigDict, mesh: Mesh
+def load(workdir: str, run_config: dict, mesh: Mesh
          ) -> tuple[Any, dict[str, list[int]]] | None:
   """(the saved executable, the batch shapes it takes), or None where `workdir` holds none or
   one compiled for other devices, another mesh or another config (the reason is logged)."""
@@ -80,7 +83,7 @@ def load(workdir: str, config: ml_collections.ConfigDict, mesh: Mesh
     return None
   with open(os.path.join(folder, RECORD)) as f:
     record = json.load(f)
-  wanted = dict(config_digest=config_digest(config), **devices_record(mesh))
+  wanted = dict(config_digest=config_digest(run_config), **devices_record(mesh))
   differ = [key for key, value in wanted.items() if record.get(key) != value]
   if differ:
     logging.warning("%s: not used, compiled for another %s; compiling the step here",
@@ -93,10 +96,9 @@ def load(workdir: str, config: ml_collections.ConfigDict, mesh: Mesh
   return executable, record["batch"]
 
 
-def with_saved_step(train_fn: Callable, workdir: str, config: ml_collections.ConfigDict,
-                    mesh: Mesh) -> Callable:
+def with_saved_step(train_fn: Callable, workdir: str, run_config: dict, mesh: Mesh) -> Callable:
   """`train_fn`, with batches of the saved executable's shape run by that executable."""
-  loaded = load(workdir, config, mesh)
+  loaded = load(workdir, run_config, mesh)
   if loaded is None:
     return train_fn
   executable, shapes = loaded

@@ -127,8 +127,9 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
   task.prepare_data()
   optimizer_config = OptimizerConfig.from_config(config)
   model, state, train_fn, eval_fn = build_steps(loop_config, optimizer_config, task, mesh)
+  meta = dict(config=task.run_config(), **task.checkpoint_meta())
   # An executable `precompile --workdir` saved for these devices serves its batch shape.
-  train_fn = compiled_step.with_saved_step(train_fn, workdir, config, mesh)
+  train_fn = compiled_step.with_saved_step(train_fn, workdir, meta["config"], mesh)
   if jax.process_index() == 0:
     print("parameters:\n" + format_counts(parameter_counts(state.params)), flush=True)
     if config.model.matmul_dtype == "auto":
@@ -141,7 +142,6 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
   train_iter = task.train_iterator(
       sharding.batch_shards(mesh) * loop_config.gradient_accumulation_steps,
       jax.process_index(), jax.process_count())
-  meta = dict(config=task.run_config(), **task.checkpoint_meta())
   run = Run(loop_config, optimizer_config, config.init_from, workdir, task, mesh, model,
             train_fn, eval_fn, manager,
             MetricsWriter(workdir, loop_config.num_train_steps, unit=task.count_unit), meta)
