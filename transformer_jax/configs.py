@@ -20,6 +20,7 @@ from transformer_jax.errors import UserError
 from transformer_jax.model.config import default_model_config
 from transformer_jax.tasks.registry import DEFAULT_TASK, task_class
 from transformer_jax.training.config import LoopConfig
+from transformer_jax.training.schedules import OptimizerConfig
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -142,8 +143,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise UserError(f"config.model.quantize={config.model.quantize!r} is for decoding a trained "
                     "run (translate or evaluate --quantize=int8); train with quantize=''")
   LoopConfig.from_config(config)
-  if int(config.warmup_steps) < 1:
-    raise UserError(f"config.warmup_steps={config.warmup_steps!r} must be a positive integer")
+  OptimizerConfig.from_config(config)
   if int(config.cpu_devices) < 0:
     raise UserError(f"config.cpu_devices={config.cpu_devices!r} must be >= 0 (0: JAX's default)")
   if not 0.0 <= config.label_smoothing < 1.0:

@@ -3,11 +3,11 @@ and a command's `main` run in this process."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import io
 import pathlib
 import sys
+import time
 from typing import Callable
 
 import pytest
@@ -43,19 +43,8 @@ def pytest_configure(config) -> None:
   config.addinivalue_line("markers", "slow: takes minutes; deselect with -m 'not slow'")
 
 
-@dataclasses.dataclass
-class InProcessResult:
-  returncode: int
-  stdout: str
-  stderr: str
-
-  def describe(self) -> str:
-    return (f"exit {self.returncode}\n--- stdout (end)\n{self.stdout[-2000:]}\n"
-            f"--- stderr (end)\n{self.stderr[-4000:]}")
-
-
 @pytest.fixture
-def run_in_process(monkeypatch, capsys) -> Callable[..., InProcessResult]:
+def run_in_process(monkeypatch, capsys) -> Callable[..., runner.Result]:
   """Runs `python -m transformer_jax.<module> FLAGS...` as this process's `main`.
 
   The command defines its flags and parses them as on the command line; they
@@ -64,8 +53,9 @@ def run_in_process(monkeypatch, capsys) -> Callable[..., InProcessResult]:
   """
   defined_before = set(flags.FLAGS)
 
-  def run(module: str, *argv: str, stdin: bytes = b"") -> InProcessResult:
+  def run(module: str, *argv: str, stdin: bytes = b"") -> runner.Result:
     command = importlib.import_module(f"transformer_jax.cli.{module}")
+    started = time.time()
     monkeypatch.chdir(runner.REPO)
     monkeypatch.setattr(sys, "argv", [module, *argv])
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
@@ -82,6 +72,6 @@ def run_in_process(monkeypatch, capsys) -> Callable[..., InProcessResult]:
       for name in set(flags.FLAGS) - defined_before:
         delattr(flags.FLAGS, name)
     out, err = capsys.readouterr()
-    return InProcessResult(code, out, err)
+    return runner.Result([module, *argv], code, out, err, time.time() - started)
 
   return run

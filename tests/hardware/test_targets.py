@@ -9,7 +9,6 @@ the rule table puts them, and that the kernel asked for is the one in the progra
 from __future__ import annotations
 
 import jax
-import numpy as np
 import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec as P

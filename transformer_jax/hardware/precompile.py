@@ -207,14 +207,23 @@ def compile_train_step(config: ml_collections.ConfigDict, target: Target, mesh: 
   """The config's train step compiled for `target` on `mesh`: (report, compiled or None)."""
   config = for_target(config, target)
   task, model = _task_parts(config)
-  device_mesh = sharding.make_mesh(mesh, target_devices(target))
-  rows, note = batch_rows(config, device_mesh, rows)
   init_params = functools.partial(task.init_params, model)
+  device_mesh = sharding.make_mesh(mesh, target_devices(target))
   with target_platform(device_mesh):
     held = footprint.state_bytes(config, init_params, device_mesh)
+  return _compile_train_step_on(config, target, task, model, device_mesh, held, rows)
+
+
+def _compile_train_step_on(config: ml_collections.ConfigDict, target: Target, task: Task,
+                           model: nn.Module, device_mesh: Mesh, held: dict, rows: int | None
+                           ) -> tuple[Report, Any]:
+  """`compile_train_step` for a config already resolved `for_target`, its task and model,
+  and the bytes per device its state holds on `device_mesh`."""
+  rows, note = batch_rows(config, device_mesh, rows)
+  with target_platform(device_mesh):
     lowered, _ = footprint.lower_train_step(
-        config, init_params, functools.partial(task.loss_sums, model), task.batch_keys,
-        device_mesh, rows)
+        config, functools.partial(task.init_params, model),
+        functools.partial(task.loss_sums, model), task.batch_keys, device_mesh, rows)
   return _report(target, "train step", device_mesh, rows, int(config.data.max_len), held,
                  lowered, note)
 
@@ -227,7 +236,8 @@ def fitting_train_step(config: ml_collections.ConfigDict, target: Target,
   Adam state alone overflow the device, is skipped without compiling. Where none fits, the
   first report is returned."""
   tried: list[Report] = []
-  task, model = _task_parts(for_target(config, target))
+  config = for_target(config, target)
+  task, model = _task_parts(config)
   init_params = functools.partial(task.init_params, model)
   for mesh in candidate_meshes(first, target.devices):
     try:
@@ -236,7 +246,8 @@ def fitting_train_step(config: ml_collections.ConfigDict, target: Target,
         held = footprint.state_bytes(config, init_params, device_mesh)
       if tried and held["params"] + held["opt_state"] > target.memory_bytes:
         continue
-      report, compiled = compile_train_step(config, target, mesh, rows)
+      report, compiled = _compile_train_step_on(config, target, task, model, device_mesh, held,
+                                                rows)
     except (ValueError, UserError) as e:  # E.g. tensor=8 does not divide 4 heads.
       if not tried:
         raise

@@ -52,13 +52,19 @@ class Task(abc.ABC):
   name: str = ""
   batch_keys: tuple[str, ...] = ()
   count_unit: str = "tok"  # What sums["tokens"] counts, in the progress line's throughput.
-  rows_hold_pairs: bool = False  # A training row holds a source and its target, one after the other.
+  rows_hold_pairs: bool = False  # A training row holds a source and then its target.
   supports_rdrop: bool = False  # config.rdrop_alpha > 0: the loss compares two dropout passes.
+
+  @classmethod
+  def holds_pairs(cls, config: ml_collections.ConfigDict) -> bool:
+    """Whether a training row of this config holds a source and its target."""
+    del config
+    return cls.rows_hold_pairs
 
   @classmethod
   def row_length(cls, config: ml_collections.ConfigDict) -> int:
     """Tokens in the longest training row: data.max_len, or twice that for pair rows."""
-    return int(config.data.max_len) * (2 if cls.rows_hold_pairs else 1)
+    return int(config.data.max_len) * (2 if cls.holds_pairs(config) else 1)
 
   @classmethod
   def check_config(cls, config: ml_collections.ConfigDict) -> None:
@@ -66,8 +72,7 @@ class Task(abc.ABC):
     model = ModelConfig.from_config(config.model)
     row_length = cls.row_length(config)
     if model.positions == "learned" and model.max_len < row_length:
-      what = ("source and target in one row" if row_length > config.data.max_len
-              else "data.max_len")
+      what = "source and target in one row" if cls.holds_pairs(config) else "data.max_len"
       raise UserError(
           f"config.model.max_len={model.max_len} learned positions cannot cover rows of "
           f"{row_length} tokens ({what}); raise config.model.max_len to {row_length} or use "

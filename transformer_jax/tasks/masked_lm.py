@@ -78,8 +78,8 @@ class MaskedLMTask(CorpusTask):
   count_unit = "masked tok"
 
   @classmethod
-  def row_length(cls, config: ml_collections.ConfigDict) -> int:
-    return int(config.data.max_len) * (2 if config.text_side == "pair" else 1)
+  def holds_pairs(cls, config: ml_collections.ConfigDict) -> bool:
+    return config.text_side == "pair"
 
   @classmethod
   def check_config(cls, config: ml_collections.ConfigDict) -> None:
