@@ -27,28 +27,26 @@ import time
 from absl import flags
 
 import common
+from transformer_jax.cli import common as cli_common
 from profiling import profile_steps, profile_table
 from report import precision_label
 from timing import alternate, median_time
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("beam_size", 4, "Beam size; greedy search is timed too (1: greedy only).")
 flags.DEFINE_integer("decode_steps", 40, "New tokens per sentence (EOS ignored).")
 flags.DEFINE_integer("decode_repeats", 3, "Timed decoding calls per method; the median is reported.")
-flags.DEFINE_bool("growing_cache", None, "Decode with a growing self-attention cache "
-                  "(DecodeOptions.growing_cache); unset: the package's default (on for beam "
-                  "search, off for greedy).")
 flags.DEFINE_enum("compare", "", ["", "marian", "ctranslate2"],
                   "marian: transformers.MarianMTModel.generate, random weights of the same size; "
                   "ctranslate2: CTranslate2 on this model's own weights.")
 flags.DEFINE_list("ct2_compute_types", ["float32", "int8"],
                   "--compare=ctranslate2: CTranslate2 compute types to time.")
-flags.DEFINE_enum("quantize", "", ["", "int8"], "Our weight matmuls in int8 "
-                  "(DecodeOptions.quantize); CTranslate2 gets the float32 weights either way.")
-flags.DEFINE_bool("shared_beam_cache", None, "Beam search over one self-attention cache row a "
-                  "sentence (DecodeOptions.shared_beam_cache); unset: the package's default.")
 flags.DEFINE_bool("pair_shared_cache", False, "Also time beam search with the other "
                   "--shared_beam_cache setting, alternating with ours.")
+# The search: translate's own flags (--beam_size, --alpha, --growing_cache, --quantize,
+# --matmul_dtype, --shared_beam_cache, ...), with translate's defaults. Greedy search is timed,
+# and beam search where --beam_size > 1 (--method is not read); CTranslate2 gets the float32
+# weights either way.
+cli_common.define_search_flags()
 
 Result = common.Result
 
@@ -59,7 +57,7 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   from flax import linen as nn
 
   from transformer_jax import sharding
-  from transformer_jax.decode.translator import DecodeOptions, Translator, shares_beam_cache
+  from transformer_jax.decode.translator import Translator, shares_beam_cache
   from transformer_jax.errors import UserError
   from transformer_jax.model.info import parameter_counts
   from transformer_jax.tasks.translation import TranslationTask
@@ -86,10 +84,9 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
   engines = ctranslate2_engines(model.config, params) if FLAGS.compare == "ctranslate2" else {}
   ct2_runs = {compute_type: {} for compute_type in engines}
   for method, beam_size in methods:
-    options = DecodeOptions(method=method, beam_size=beam_size, ignore_eos=True,
-                            max_extra_len=FLAGS.decode_steps - FLAGS.src_len,
-                            growing_cache=FLAGS.growing_cache, quantize=FLAGS.quantize,
-                            shared_beam_cache=FLAGS.shared_beam_cache)
+    options = dataclasses.replace(cli_common.decode_options(), method=method,
+                                  beam_size=beam_size, ignore_eos=True,
+                                  max_extra_len=FLAGS.decode_steps - FLAGS.src_len)
     translator = Translator(model, params, mesh, options)
     start = time.perf_counter()
     out = translator(src)

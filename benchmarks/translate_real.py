@@ -28,36 +28,24 @@ import time
 from absl import flags
 
 import common
-from transformer_jax.model.config import MATMUL_DTYPES
+from transformer_jax.cli import common as cli_common
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A trained encoder-decoder run.")
 flags.DEFINE_string("checkpoint", "averaged", "latest, averaged or a step.")
 flags.DEFINE_string("source", None, "Source sentences, one a line.")
 flags.DEFINE_string("reference", None, "References, line-aligned (for BLEU).")
-flags.DEFINE_integer("beam_size", 4, "Beam size (1: greedy) for both engines.")
-flags.DEFINE_float("alpha", 0.6, "Length penalty α, each engine's own form.")
-flags.DEFINE_integer("max_extra_len", 50, "Output may be this much longer than the input.")
-flags.DEFINE_integer("tokens_per_batch", None, "Our batches' source tokens; unset: "
-                     "translate's default (translator.default_tokens_per_batch).")
 flags.DEFINE_integer("ct2_batch_size", 64, "CTranslate2's max_batch_size (sentences).")
 flags.DEFINE_list("ct2_compute_types", ["float32", "int8"], "CTranslate2 compute types.")
 flags.DEFINE_integer("repeats", 2, "Timed rounds.")
-flags.DEFINE_enum("quantize", "", ["", "int8"], "Our weight matmuls in int8 "
-                  "(DecodeOptions.quantize); CTranslate2 runs its own --ct2_compute_types.")
-flags.DEFINE_enum("matmul_dtype", "", list(MATMUL_DTYPES),
-                  "Our matmul operands (DecodeOptions.matmul_dtype); empty: as the run was "
-                  "trained (the row records the dtype used).")
-flags.DEFINE_enum("beam_stop", "exact", ["exact", "best_finished"],
-                  "Our beam search's stop rule (search.beam_search); CTranslate2 always stops "
-                  "a sentence once its best candidate ends (best_finished).")
-flags.DEFINE_bool("shrink_batch", False, "Our search goes on in smaller batches as sentences "
-                  "stop (DecodeOptions.shrink_batch); CTranslate2 drops finished sentences "
-                  "itself.")
+# The search: translate's own flags (--method, --beam_size, --alpha, --max_extra_len,
+# --beam_stop, --quantize, --matmul_dtype, --shrink_batch, --shared_beam_cache,
+# --tokens_per_batch, ...), with translate's defaults. CTranslate2 gets the same method, beam
+# and α (in its own penalty's form) and always stops a sentence once its best candidate ends
+# (best_finished); it runs its own --ct2_compute_types.
+cli_common.define_search_flags()
 flags.DEFINE_bool("pair_shrink", False, "Time our search with the other --shrink_batch setting "
                   "too, in the same rounds (engine jax_shrinking or jax_whole_batch).")
-flags.DEFINE_bool("shared_beam_cache", None, "Beam search over one self-attention cache row a "
-                  "sentence (DecodeOptions.shared_beam_cache); unset: the package's default.")
 flags.DEFINE_bool("pair_shared_cache", False, "Time beam search with the other "
                   "--shared_beam_cache setting too, in the same rounds (engine "
                   "jax_shared_cache or jax_reordered_cache).")
@@ -68,6 +56,7 @@ Result = common.Result
 def measure() -> tuple[Result, list[tuple[str, str]]]:
   import ctranslate2
 
+  from transformer_jax.errors import UserError
   from transformer_jax.decode.translator import (DecodeOptions, default_tokens_per_batch,
                                                  for_decoding, shares_beam_cache, translate_lines)
   from transformer_jax.interop.ctranslate2_export import export_ctranslate2
@@ -80,12 +69,11 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
     sources = f.read().splitlines()
   with open(FLAGS.reference, encoding="utf-8") as f:
     references = f.read().splitlines()
-  options = DecodeOptions(method="beam" if FLAGS.beam_size > 1 else "greedy",
-                          beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-                          max_extra_len=FLAGS.max_extra_len, stop_rule=FLAGS.beam_stop,
-                          quantize=FLAGS.quantize, matmul_dtype=FLAGS.matmul_dtype,
-                          shrink_batch=FLAGS.shrink_batch,
-                          shared_beam_cache=FLAGS.shared_beam_cache)
+  options = cli_common.decode_options()
+  if options.method == "sample":
+    raise UserError("--method=sample: CTranslate2's sampling draws other tokens; compare beam "
+                    "or greedy search")
+  beam_size = options.beam_size if options.method == "beam" else 1
   directory = tempfile.mkdtemp(prefix="ct2_real_")
   export_ctranslate2(run, directory)
   engines = {compute_type: ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
@@ -100,8 +88,8 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
 
   def theirs(engine) -> list[str]:
     results = engine.translate_batch(
-        pieces, beam_size=FLAGS.beam_size, length_penalty=FLAGS.alpha,
-        max_decoding_length=max(map(len, pieces)) + 1 + FLAGS.max_extra_len,
+        pieces, beam_size=beam_size, length_penalty=options.alpha,
+        max_decoding_length=max(map(len, pieces)) + 1 + options.max_extra_len,
         max_batch_size=FLAGS.ct2_batch_size, suppress_sequences=[["<pad>"], ["<s>"]])
     return [run.tokenizer.decode([piece_ids[p] for p in r.hypotheses[0]]) for r in results]
 
@@ -140,10 +128,10 @@ def measure() -> tuple[Result, list[tuple[str, str]]]:
     engines_result["jax"][f"jax_over_{name}"] = ours_speed / engines_result[name]["sentences_per_s"]
   result = dict(mode="translate_real", workdir=os.path.basename(os.path.abspath(FLAGS.workdir)),
                 checkpoint=FLAGS.checkpoint, step=run.step, sentences=len(sources),
-                source=os.path.basename(FLAGS.source), beam_size=FLAGS.beam_size,
-                alpha=FLAGS.alpha, max_extra_len=FLAGS.max_extra_len,
-                beam_stop=FLAGS.beam_stop if FLAGS.beam_size > 1 else None,
-                quantize=FLAGS.quantize or None,
+                source=os.path.basename(FLAGS.source), beam_size=beam_size,
+                alpha=options.alpha, max_extra_len=options.max_extra_len,
+                beam_stop=options.stop_rule if options.method == "beam" else None,
+                quantize=options.quantize or None,
                 matmul_dtype=for_decoding(run.model, options).config.matmul_dtype,
                 shrink_batch=options.shrink_batch, shared_beam_cache=shared,
                 tokens_per_batch=FLAGS.tokens_per_batch or default_tokens_per_batch(),

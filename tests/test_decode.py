@@ -58,9 +58,9 @@ def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy
   searched_caches = []
   beam_search = search.beam_search
 
-  def recording_beam_search(step, cache, *args, **kwargs):
-    searched_caches.append(cache)
-    return beam_search(step, cache, *args, **kwargs)
+  def recording_beam_search(step_model, *args, **kwargs):
+    searched_caches.append(step_model.cache)
+    return beam_search(step_model, *args, **kwargs)
 
   monkeypatch.setattr(search, "beam_search", recording_beam_search)
   shared = jax.jit(lambda p: translator.decode_batch(model, p, SRC, options, max_len))(params)
@@ -75,8 +75,8 @@ def test_beams_sharing_one_cross_attention_cache_equal_beams_with_their_own_copy
     cache = kv_cache.init_cache(model, params, encoded, SRC, max_len)  # Repeated per beam below.
     step = kv_cache.step_logits(model, params, search.expand_to_beams(SRC, options.beam_size))
     max_lengths = jnp.minimum(jnp.sum(SRC != 0, -1) + options.max_extra_len, max_len)
-    sequences, _ = search.beam_search(step, cache, SRC.shape[0], options.beam_size, options.alpha,
-                                      max_decode_len=max_len, max_lengths=max_lengths)
+    sequences, _ = search.beam_search(search.StepModel(step, cache), options.spec(), max_lengths,
+                                      max_len)
     return sequences[:, 0]
 
   np.testing.assert_array_equal(np.asarray(shared), np.asarray(own_copies(params)))
@@ -208,10 +208,11 @@ def test_a_shared_beam_cache_keeps_every_beam_and_its_score(model_and_params):
     cache, sentence_cache = kv_cache.split_cache(
         kv_cache.init_cache(model, params, encoded, SRC, 16))
     step = kv_cache.sentence_step_logits(model, params)
-    return search.beam_search(step, cache, SRC.shape[0], 4, 0.6, max_decode_len=40,
-                              ignore_eos=True, cache_lengths=(16, 32, 40),
-                              grow_cache=kv_cache.grow_cache, sentences=(SRC, sentence_cache),
-                              shared_cache=shared)
+    return search.beam_search(
+        search.StepModel(step, cache, (SRC, sentence_cache), kv_cache.grow_cache),
+        search.SearchSpec(beam_size=4, alpha=0.6, eos_id=search.NO_EOS),
+        search.full_lengths(SRC.shape[0], 40), 40,
+        search.SearchPlan(cache_lengths=(16, 32, 40), shared_cache=shared))
 
   shared, reordered = beams(params, True), beams(params, False)
   np.testing.assert_array_equal(np.asarray(shared[0]), np.asarray(reordered[0]))
@@ -271,9 +272,10 @@ def test_growing_cache_keeps_beam_scores(model_and_params):
     cache = kv_cache.init_cache(model, params, encoded, SRC, lengths[0] if grow else 40)
     per_row, per_sentence = kv_cache.split_cache(cache)
     step = kv_cache.step_logits(model, params, SRC, per_sentence)
-    return search.beam_search(step, per_row, SRC.shape[0], 3, 0.6, max_decode_len=40,
-                              ignore_eos=True, cache_lengths=lengths,
-                              grow_cache=kv_cache.grow_cache if grow else None)
+    return search.beam_search(
+        search.StepModel(step, per_row, grow_cache=kv_cache.grow_cache if grow else None),
+        search.SearchSpec(beam_size=3, alpha=0.6, eos_id=search.NO_EOS),
+        search.full_lengths(SRC.shape[0], 40), 40, search.SearchPlan(cache_lengths=lengths))
 
   grown, full = beams(params, True), beams(params, False)
   np.testing.assert_array_equal(np.asarray(grown[0]), np.asarray(full[0]))
@@ -292,7 +294,9 @@ def test_growing_cache_lengths_double_up_to_the_maximum():
   assert search.doubling_lengths(100, first=8) == (8, 16, 32, 64, 100)
   step = lambda tokens, cache, t: (jnp.zeros((tokens.shape[0], 5)), cache)
   with pytest.raises(ValueError, match="must increase from >= 1 to max_decode_len=8"):
-    search.greedy_search(step, {}, 2, 8, cache_lengths=(4, 6), grow_cache=lambda c, n: c)
+    search.greedy_search(search.StepModel(step, {}, grow_cache=lambda c, n: c),
+                         search.SearchSpec(method="greedy"), search.full_lengths(2, 8), 8,
+                         search.SearchPlan(cache_lengths=(4, 6)))
 
 
 @pytest.mark.parametrize("method", ["beam", "greedy"])
@@ -360,7 +364,7 @@ def test_bad_decode_options_are_one_line_errors():
     translator.DecodeOptions(alpha=-1)
   with pytest.raises(UserError, match="--quantize='int4' is not a quantization"):
     translator.DecodeOptions(quantize="int4")
-  with pytest.raises(UserError, match="--beam_stop='never' is not one of exact, best_finished"):
+  with pytest.raises(UserError, match="stop_rule='never' is not one of exact, best_finished"):
     translator.DecodeOptions(stop_rule="never")
   with pytest.raises(UserError, match="--matmul_dtype='float16' is not one of auto, float32"):
     translator.DecodeOptions(matmul_dtype="float16")

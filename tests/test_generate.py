@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from transformer_jax.decode import prefix_lm
-from transformer_jax.decode.generate import filter_logits, generate
+from transformer_jax.decode.generate import generate
+from transformer_jax.decode.search import filter_logits
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 

@@ -138,8 +138,6 @@ def test_min_length_keeps_eos_from_ending_an_empty_output(method):
 
   for min_length, first in ((0, EOS_ID), (1, 6)):
     step = allowed_tokens(eos_first, min_length)
-    if method == "greedy":
-      out = search.greedy_search(step, {}, batch_size=2, max_decode_len=4)
-    else:
-      out = search.beam_search(step, {}, 2, 2, 0.6, max_decode_len=4)[0][:, 0]
+    spec = search.SearchSpec(method=method, beam_size=2)
+    out = search.best_outputs(search.StepModel(step, {}), spec, search.full_lengths(2, 4), 4)
     assert np.asarray(out)[:, 0].tolist() == [first, first], (min_length, out)

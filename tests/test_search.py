@@ -45,6 +45,29 @@ def _random_logits(rng, shape, eos=True, scale=2.0) -> np.ndarray:
   return logits
 
 
+def _lengths(batch: int, max_decode_len: int, max_lengths=None) -> jax.Array:
+  return search.full_lengths(batch, max_decode_len) if max_lengths is None else max_lengths
+
+
+def _beam(step, cache, batch, max_decode_len, max_lengths=None, sentences=None,
+          plan=search.SearchPlan(), **spec):
+  """search.beam_search of `step` over `batch` sentences, SearchSpec(**spec)."""
+  return search.beam_search(search.StepModel(step, cache, sentences), search.SearchSpec(**spec),
+                            _lengths(batch, max_decode_len, max_lengths), max_decode_len, plan)
+
+
+def _greedy(step, cache, batch, max_decode_len, max_lengths=None, sentences=None,
+            plan=search.SearchPlan(), **spec):
+  return search.greedy_search(search.StepModel(step, cache, sentences),
+                              search.SearchSpec(method="greedy", **spec),
+                              _lengths(batch, max_decode_len, max_lengths), max_decode_len, plan)
+
+
+def _sample(step, cache, rng, batch, max_decode_len, max_lengths=None, **spec):
+  return search.sample(search.StepModel(step, cache), search.SearchSpec(method="sample", **spec),
+                       _lengths(batch, max_decode_len, max_lengths), max_decode_len, rng)
+
+
 # A bigram model: logits = table[last token]; the cache is a dummy.
 
 
@@ -140,9 +163,8 @@ def test_beam_search_equals_exhaustive_search_when_beam_covers_everything(
   rng = np.random.default_rng(0)
   tables = _random_logits(rng, (2, _MOD, 6, 6))
   max_lengths = [4, 3]
-  seqs, scores = search.beam_search(
-      _history_model(tables), _history_cache(2), batch_size=2, beam_size=16,
-      alpha=alpha, max_decode_len=5, max_lengths=jnp.array(max_lengths))
+  seqs, scores = _beam(_history_model(tables), _history_cache(2), 2, 5,
+                       max_lengths=jnp.array(max_lengths), beam_size=16, alpha=alpha)
   seqs, scores = np.asarray(seqs), np.asarray(scores)
   for b in range(2):
     expected = _exhaustive(_history_next(tables, b), max_lengths[b], alpha)
@@ -168,10 +190,9 @@ def test_beam_search_finds_better_sequence_than_greedy():
   best = _exhaustive(_bigram_next(table), 6, alpha=0.0)[0]
   assert best[1] == [5, EOS_ID]
 
-  greedy = search.greedy_search(model, {}, batch_size=1, max_decode_len=6)
+  greedy = _greedy(model, {}, 1, 6)
   assert list(np.asarray(greedy[0])) == _padded([4, EOS_ID], 6)
-  seqs, scores = search.beam_search(model, {}, batch_size=1, beam_size=2,
-                                    alpha=0.0, max_decode_len=6)
+  seqs, scores = _beam(model, {}, 1, 6, beam_size=2, alpha=0.0)
   assert list(np.asarray(seqs[0, 0])) == _padded(best[1], 6)
   np.testing.assert_allclose(scores[0, 0], np.log(.36), rtol=1e-5)
 
@@ -192,11 +213,9 @@ def test_length_penalty_reorders_short_and_long_hypotheses():
   table = _log(probs)
   a, b = [4, EOS_ID], [6, 7, 8, EOS_ID]
   # α as a number, and as a traced argument of one compiled search (translator.Translator).
-  traced = jax.jit(lambda alpha: search.beam_search(_bigram_model(table), {}, batch_size=1,
-                                                    beam_size=4, alpha=alpha, max_decode_len=8))
+  traced = jax.jit(lambda alpha: _beam(_bigram_model(table), {}, 1, 8, beam_size=4, alpha=alpha))
   for alpha, order in [(0.0, [a, b]), (1.0, [b, a])]:
-    for seqs, scores in [search.beam_search(_bigram_model(table), {}, batch_size=1,
-                                            beam_size=4, alpha=alpha, max_decode_len=8),
+    for seqs, scores in [_beam(_bigram_model(table), {}, 1, 8, beam_size=4, alpha=alpha),
                          traced(np.float32(alpha))]:
       got = [list(np.asarray(s)) for s in seqs[0, :2]]
       assert got == [_padded(s, 8) for s in order], f"alpha={alpha}"
@@ -206,16 +225,14 @@ def test_length_penalty_reorders_short_and_long_hypotheses():
     assert _exhaustive(_bigram_next(table), 8, alpha)[0][1] == order[0]
 
 
-def test_beam_size_one_equals_greedy_when_eos_is_ignored():
+def test_beam_size_one_equals_greedy_when_nothing_ends():
   rng = np.random.default_rng(1)
   table = _random_logits(rng, (12, 12))
   model = _bigram_model(table)
   max_lengths = jnp.array([9, 4, 1])
-  greedy = search.greedy_search(model, {}, batch_size=3, max_decode_len=9,
-                                max_lengths=max_lengths, ignore_eos=True)
-  seqs, scores = search.beam_search(model, {}, batch_size=3, beam_size=1,
-                                    alpha=0.6, max_decode_len=9,
-                                    max_lengths=max_lengths, ignore_eos=True)
+  greedy = _greedy(model, {}, 3, 9, max_lengths=max_lengths, eos_id=search.NO_EOS)
+  seqs, scores = _beam(model, {}, 3, 9, max_lengths=max_lengths, beam_size=1, alpha=0.6,
+                       eos_id=search.NO_EOS)
   np.testing.assert_array_equal(seqs[:, 0], greedy)
   next_logprobs = _bigram_next(table)
   for b, n in enumerate([9, 4, 1]):
@@ -232,11 +249,9 @@ def test_beam_size_one_equals_greedy_with_eos():
   rng = np.random.default_rng(2)
   batch, max_len = 16, 10
   tables = _random_logits(rng, (batch, _MOD, 8, 8))
-  greedy = search.greedy_search(_history_model(tables), _history_cache(batch),
-                                batch_size=batch, max_decode_len=max_len)
-  seqs, _ = search.beam_search(_history_model(tables), _history_cache(batch),
-                               batch_size=batch, beam_size=1, alpha=0.0,
-                               max_decode_len=max_len)
+  greedy = _greedy(_history_model(tables), _history_cache(batch), batch, max_len)
+  seqs, _ = _beam(_history_model(tables), _history_cache(batch), batch, max_len, beam_size=1,
+                  alpha=0.0)
   same_as_greedy = 0
   for b in range(batch):
     next_logprobs = _history_next(tables, b)
@@ -259,13 +274,9 @@ def test_per_sentence_max_lengths_are_respected():
   never_ends = _random_logits(rng, (10, 10), eos=False)
   max_lengths = [1, 4, 7]
   kwargs = dict(max_decode_len=8, max_lengths=jnp.array(max_lengths))
-  greedy = search.greedy_search(_bigram_model(never_ends), {}, batch_size=3,
-                                **kwargs)
-  sampled = search.sample(_bigram_model(never_ends), {}, jax.random.key(0),
-                          batch_size=3, **kwargs)
-  seqs, scores = search.beam_search(_bigram_model(never_ends), {},
-                                    batch_size=3, beam_size=3, alpha=0.6,
-                                    **kwargs)
+  greedy = _greedy(_bigram_model(never_ends), {}, 3, **kwargs)
+  sampled = _sample(_bigram_model(never_ends), {}, jax.random.key(0), 3, **kwargs)
+  seqs, scores = _beam(_bigram_model(never_ends), {}, 3, beam_size=3, alpha=0.6, **kwargs)
   for b, n in enumerate(max_lengths):
     for name, out in [("greedy", greedy[b]), ("sample", sampled[b]),
                       ("beam", seqs[b, 0])]:
@@ -281,13 +292,12 @@ def test_per_sentence_max_lengths_are_respected():
     assert np.all(np.diff(np.asarray(scores[b])) <= 0), "best first"
 
   ends = _random_logits(rng, (10, 10))
-  seqs, _ = search.beam_search(_bigram_model(ends), {}, batch_size=3,
-                               beam_size=4, alpha=0.6, **kwargs)
+  seqs, _ = _beam(_bigram_model(ends), {}, 3, beam_size=4, alpha=0.6, **kwargs)
   for b, n in enumerate(max_lengths):
     assert np.all(np.asarray(seqs[b, :, n:]) == PAD_ID)
 
 
-def test_early_stopping_does_not_change_results_and_saves_steps():
+def test_the_exact_stop_rule_does_not_change_results_and_saves_steps():
   rng = np.random.default_rng(4)
   batch, beam, max_len = 6, 4, 40
   tables = _random_logits(rng, (batch, _MOD, 16, 16))
@@ -299,17 +309,15 @@ def test_early_stopping_does_not_change_results_and_saves_steps():
     return _history_model(tables)(tokens, cache, step)
 
   results = {}
-  for early in (True, False):
+  for rule in ("exact", "max_length"):
     steps.clear()
-    results[early] = search.beam_search(
-        counting_model, _history_cache(batch), batch_size=batch,
-        beam_size=beam, alpha=0.6, max_decode_len=max_len,
-        max_lengths=jnp.array([40, 35, 30, 25, 20, 15]),
-        early_stopping=early)
-    jax.block_until_ready(results[early])
-    results[early] += (len(steps),)
+    results[rule] = _beam(counting_model, _history_cache(batch), batch, max_len,
+                          max_lengths=jnp.array([40, 35, 30, 25, 20, 15]), beam_size=beam,
+                          alpha=0.6, stop_rule=rule)
+    jax.block_until_ready(results[rule])
+    results[rule] += (len(steps),)
   (seqs_a, scores_a, steps_a), (seqs_b, scores_b, steps_b) = (
-      results[True], results[False])
+      results["exact"], results["max_length"])
   np.testing.assert_array_equal(seqs_a, seqs_b)
   np.testing.assert_array_equal(scores_a, scores_b)
   assert steps_b == 40, "without early stopping: the longest max_length"
@@ -353,13 +361,14 @@ def test_a_shrinking_batch_returns_what_the_full_batch_returns(method, finish_ru
     seen = []
     model = _sentence_model(tables, seen)
     cache = {"sum": jnp.zeros((batch * rows_per_sentence,), jnp.int32)}
+    plan = search.SearchPlan(shrink_batch=shrink)
     if method == "beam":
-      result = search.beam_search(model, cache, batch, beam, 0.6, max_len,
-                                  max_lengths=max_lengths, finish_rule=finish_rule,
-                                  stop_rule=stop_rule, sentences=sentences, shrink_batch=shrink)
+      result = _beam(model, cache, batch, max_len, max_lengths=max_lengths, sentences=sentences,
+                     plan=plan, beam_size=beam, alpha=0.6, finish_rule=finish_rule,
+                     stop_rule=stop_rule)
     else:
-      result = (search.greedy_search(model, cache, batch, max_len, max_lengths=max_lengths,
-                                     sentences=sentences, shrink_batch=shrink),)
+      result = (_greedy(model, cache, batch, max_len, max_lengths=max_lengths,
+                        sentences=sentences, plan=plan),)
     outputs[shrink] = [np.asarray(x) for x in jax.block_until_ready(result)]
     rows[shrink] = seen
   for shrunk, full in zip(outputs[True], outputs[False]):
@@ -372,10 +381,11 @@ def test_a_shrinking_batch_returns_what_the_full_batch_returns(method, finish_ru
 
 def test_a_shrinking_batch_needs_the_per_sentence_inputs():
   step = lambda tokens, cache, t: (jnp.zeros((tokens.shape[0], 8)), cache)
-  for search_fn in (lambda **kw: search.greedy_search(step, {}, 4, 6, **kw),
-                    lambda **kw: search.beam_search(step, {}, 4, 2, 0.6, 6, **kw)):
+  plan = search.SearchPlan(shrink_batch=True)
+  for search_fn in (lambda: _greedy(step, {}, 4, 6, plan=plan),
+                    lambda: _beam(step, {}, 4, 6, plan=plan, beam_size=2)):
     with pytest.raises(ValueError, match="needs the step's per-sentence inputs as `sentences`"):
-      search_fn(shrink_batch=True)
+      search_fn()
 
 
 def test_shrinking_sizes_halve_the_batch_three_times_at_most():
@@ -430,11 +440,10 @@ def test_best_finished_stop_rule_equals_its_reference_and_saves_steps(alpha, fin
     return _history_model(tables)(tokens, cache, step)
 
   results = {}
-  for rule in search.STOP_RULES:
+  for rule in ("exact", "best_finished"):
     steps.clear()
-    seqs, scores = search.beam_search(
-        counting_model, _history_cache(batch), batch_size=batch, beam_size=beam,
-        alpha=alpha, max_decode_len=max_len, stop_rule=rule, finish_rule=finish_rule)
+    seqs, scores = _beam(counting_model, _history_cache(batch), batch, max_len, beam_size=beam,
+                         alpha=alpha, stop_rule=rule, finish_rule=finish_rule)
     jax.block_until_ready(seqs)
     results[rule] = (np.asarray(seqs), np.asarray(scores), len(steps))
   seqs, scores, steps_best = results["best_finished"]
@@ -456,9 +465,8 @@ def test_cache_rows_follow_their_beams_with_flat_cache():
   # Here the cache is passed already flattened to batch*beam rows.
   rng = np.random.default_rng(5)
   tables = _random_logits(rng, (3, _MOD, 6, 6))
-  seqs, scores = search.beam_search(
-      _history_model(tables), _history_cache(3, rows=3 * 16), batch_size=3,
-      beam_size=16, alpha=0.6, max_decode_len=4)
+  seqs, scores = _beam(_history_model(tables), _history_cache(3, rows=3 * 16), 3, 4,
+                       beam_size=16, alpha=0.6)
   for b in range(3):
     expected = _exhaustive(_history_next(tables, b), 4, 0.6)
     got = [list(np.asarray(s)) for s in seqs[b, :15]]
@@ -473,9 +481,8 @@ def test_beam_search_runs_under_jit_with_early_termination():
 
   @jax.jit
   def decode(max_lengths):
-    return search.beam_search(model, {"unused": jnp.zeros((8,))},
-                              batch_size=2, beam_size=4, alpha=0.6,
-                              max_decode_len=12, max_lengths=max_lengths)
+    return _beam(model, {"unused": jnp.zeros((8,))}, 2, 12, max_lengths=max_lengths,
+                 beam_size=4, alpha=0.6)
 
   seqs, scores = decode(jnp.array([12, 6]))
   assert seqs.shape == (2, 4, 12) and seqs.dtype == jnp.int32
@@ -493,10 +500,9 @@ def test_sampling_with_top_k_one_or_tiny_temperature_is_greedy():
   rng = np.random.default_rng(7)
   table = _random_logits(rng, (12, 12))
   model = _bigram_model(table)
-  greedy = search.greedy_search(model, {}, batch_size=4, max_decode_len=10)
+  greedy = _greedy(model, {}, 4, 10)
   for kwargs in (dict(top_k=1), dict(temperature=1e-4)):
-    sampled = search.sample(model, {}, jax.random.key(3), batch_size=4,
-                            max_decode_len=10, **kwargs)
+    sampled = _sample(model, {}, jax.random.key(3), 4, 10, **kwargs)
     np.testing.assert_array_equal(sampled, greedy, err_msg=str(kwargs))
 
 
@@ -504,10 +510,8 @@ def test_sampling_top_k_restricts_support_and_is_reproducible():
   rng = np.random.default_rng(8)
   table = _random_logits(rng, (12, 12), eos=False)
   model = _bigram_model(table)
-  a = search.sample(model, {}, jax.random.key(5), batch_size=64,
-                    max_decode_len=6, top_k=2, temperature=2.0)
-  b = search.sample(model, {}, jax.random.key(5), batch_size=64,
-                    max_decode_len=6, top_k=2, temperature=2.0)
+  a = _sample(model, {}, jax.random.key(5), 64, 6, top_k=2, temperature=2.0)
+  b = _sample(model, {}, jax.random.key(5), 64, 6, top_k=2, temperature=2.0)
   np.testing.assert_array_equal(a, b)
   a = np.asarray(a)
   prev = np.concatenate([np.full((64, 1), BOS_ID), a[:, :-1]], axis=1)
@@ -518,13 +522,13 @@ def test_sampling_top_k_restricts_support_and_is_reproducible():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda m: search.beam_search(m, {}, 1, 0, 0.6, 5), "beam_size=0"),
-    (lambda m: search.beam_search(m, {}, 1, 4, -0.1, 5), "alpha=-0.1"),
-    (lambda m: search.sample(m, {}, jax.random.key(0), 1, 5,
-                             temperature=0.0), "temperature=0.0"),
-    (lambda m: search.sample(m, {}, jax.random.key(0), 1, 5, top_k=-1),
-     "top_k=-1"),
-    (lambda m: search.greedy_search(m, {}, 1, 0), "max_decode_len=0"),
+    (lambda m: _beam(m, {}, 1, 5, beam_size=0), "beam_size=0"),
+    (lambda m: _beam(m, {}, 1, 5, alpha=-0.1), "alpha=-0.1"),
+    (lambda m: _sample(m, {}, jax.random.key(0), 1, 5, temperature=0.0), "temperature=0.0"),
+    (lambda m: _sample(m, {}, jax.random.key(0), 1, 5, top_k=-1), "top_k=-1"),
+    (lambda m: _sample(m, {}, jax.random.key(0), 1, 5, top_p=0.0), "top_p=0.0"),
+    (lambda m: _beam(m, {}, 1, 5, stop_rule="never"), "stop_rule='never'"),
+    (lambda m: _greedy(m, {}, 1, 0), "max_decode_len=0"),
 ])
 def test_invalid_settings_raise_one_line_user_errors(call, message):
   model = _bigram_model(np.zeros((6, 6), np.float32))
@@ -618,8 +622,8 @@ def test_beam_search_with_blocked_top_k_equals_plain_top_k(monkeypatch):
     return tables[step][tokens[:, 0]], cache
 
   def run():
-    return search.beam_search(tokens_to_logits, {"rows": jnp.zeros((12, 1))}, batch_size=3,
-                              beam_size=4, alpha=0.6, max_decode_len=max_len)
+    return _beam(tokens_to_logits, {"rows": jnp.zeros((12, 1))}, 3, max_len, beam_size=4,
+                 alpha=0.6)
 
   blocked = run()
   monkeypatch.setattr(search, "top_continuations", lambda logits, logprobs, k: jax.lax.top_k(

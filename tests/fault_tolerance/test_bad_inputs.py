@@ -142,9 +142,9 @@ CASES = [
           "--config.task=translation")),
     # --- translate.
     Case("beam_size_zero", "translate", ("--workdir={workdir}", "--beam_size=0"),
-         ("--beam_size=0 must be at least 1",)),
+         ("beam_size=0 must be at least 1",)),
     Case("negative_alpha", "translate", ("--workdir={workdir}", "--alpha=-0.5"),
-         ("--alpha=-0.5 must be >= 0",)),
+         ("alpha=-0.5 must be >= 0",)),
     Case("translate_not_a_run", "translate", ("--workdir={tmp}",), ("is not a training run",),
          workdir="none"),
     Case("translate_without_checkpoints", "translate", ("--workdir={workdir}",),

@@ -157,7 +157,14 @@ def define_decode_flags() -> None:
   flags.DEFINE_list("ensemble", [], "Other run directories decoded together with --workdir "
                     "(the same --checkpoint of each): every step averages the runs' next-token "
                     "probabilities. They must share --workdir's tokenizer.")
-  flags.DEFINE_enum("method", "beam", ["beam", "greedy", "sample"], "Search method.")
+  define_search_flags()
+  flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")
+
+
+def define_search_flags() -> None:
+  """The flags of a search (read by `decode_options`), shared by the commands and the
+  benchmarks."""
+  flags.DEFINE_enum("method", "beam", list(search.METHODS), "Search method.")
   flags.DEFINE_integer("beam_size", 4, "Beam size (§6.1: 4).")
   flags.DEFINE_float("alpha", 0.6, "Length penalty exponent α (§6.1: 0.6).")
   flags.DEFINE_integer("max_extra_len", 50, "Output may be this many tokens longer than the input.")
@@ -170,7 +177,7 @@ def define_decode_flags() -> None:
                     "When beam search stops a sentence: exact (once no alive beam can win; "
                     "the same output as never stopping early) or best_finished (once the "
                     "step's best candidate ends, as OpenNMT-py and CTranslate2 do; faster "
-                    "with a large α).")
+                    "with a large α) or max_length (every sentence to its maximum length).")
   flags.DEFINE_enum("quantize", "", ["", "int8"], "int8: run the weight matmuls in int8, "
                     "one scale per weight column and per token (faster on CPUs with fast int8 "
                     "dot products; speed and BLEU cost: benchmarks/README.md); empty: as trained.")
@@ -190,7 +197,6 @@ def define_decode_flags() -> None:
                     "rounding, 1.2x faster on a CPU); unset: on for encoder-decoders on a CPU.")
   flags.DEFINE_integer("tokens_per_batch", None, "Source tokens per decoding batch; unset: "
                        "1,024 on a CPU, 4,096 on an accelerator.")
-  flags.DEFINE_bool("replace_invalid_utf8", False, "Replace invalid UTF-8 bytes instead of failing.")
 
 
 def decode_options() -> DecodeOptions:

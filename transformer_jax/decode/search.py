@@ -1,43 +1,49 @@
 """Model-agnostic decoding: beam search, greedy search and sampling.
 
 Pure JAX, built on `jax.lax.while_loop`, so each function can be traced
-inside `jax.jit` (with every Python argument static). The model is seen only
-through one function:
+inside `jax.jit`. A search takes three values:
 
-  tokens_to_logits(tokens: int32[rows, 1], cache: PyTree, step: int32[])
+- a `StepModel`: the model's step, its initial cache, the per-sentence inputs
+  and how to grow the cache;
+- a `SearchSpec`: what to search for (method, beam, alpha, finish and stop rules,
+  sampling parameters, special tokens);
+- a `SearchPlan`: how the search runs on this backend (a growing cache, a
+  shrinking batch, one cache row shared by a sentence's beams). Every plan gives
+  the same results, so callers choose it from the backend and the shapes.
+
+The model is seen only through its step:
+
+  tokens_to_logits(tokens: int32[rows, 1], cache: PyTree, step: int32[], sentences)
       -> (logits: float[rows, vocab], new_cache: PyTree)
 
 `tokens` are the previous output tokens (`bos_id` at `step == 0`) and `step`
 is their position. Every cache leaf has leading dimension `rows`: batch for
 greedy search and sampling, batch*beam for beam search, beam-major within a
 batch item (row = b*beam + k). Leaves of rank 0 (e.g. a shared step counter)
-are passed through unchanged.
+are passed through unchanged. `sentences` is a PyTree whose leaves have leading
+dimension batch (source tokens, cross-attention keys and values); a step
+without per-sentence inputs (StepModel.sentences None) is called without it.
 
 Outputs hold the generated tokens without BOS, up to and including EOS, and
 PAD after it; a sentence ends at EOS or after `max_lengths[b]` tokens.
 
-Per-sentence inputs: a step that reads data of its sentences (source tokens,
-cross-attention keys and values) takes them through `sentences`, a PyTree whose
-leaves have leading dimension batch; the search then calls
-
-  tokens_to_logits(tokens, cache, step, sentences)
-
-A shrinking batch (`shrink_batch=True`, greedy and beam search): once the
+A shrinking batch (`SearchPlan.shrink_batch`, greedy and beam search): once the
 sentences still decoding fit in half the batch (rounded up), the loop goes on
 in a batch of that size, holding them and done ones to fill it (then a quarter,
 an eighth), as CTranslate2 drops finished sentences. The results are the same;
 the step must take every per-sentence input through `sentences` or the cache,
 which shrink with the batch, so `sentences` is required.
 
-A growing cache: with `cache_lengths` (increasing, the last one
-`max_decode_len`) and `grow_cache(cache, length) -> cache`, the search runs
-one while loop per length; before the loop that ends at step L the cache is
-grown to L positions, so early steps read (and beam search reorders) a short
-cache. The results equal those of one loop over a full-length cache.
+A growing cache (`SearchPlan.cache_lengths`, increasing, the last one
+`max_decode_len`, with `StepModel.grow_cache(cache, length) -> cache`): the
+search runs one while loop per length; before the loop that ends at step L the
+cache is grown to L positions, so early steps read (and beam search reorders) a
+short cache. The results equal those of one loop over a full-length cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -48,10 +54,88 @@ from transformer_jax.errors import UserError
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 PyTree = Any
-# (tokens, cache, step) -> (logits, cache); with `sentences`, a fourth argument; beam search
-# over a shared cache adds `beam_slots` after them (beam_search's `shared_cache`).
+# (tokens, cache, step[, sentences]) -> (logits, cache); beam search over a shared cache adds
+# `beam_slots` after them (SearchPlan.shared_cache).
 TokensToLogits = Callable[..., tuple[jax.Array, PyTree]]
 GrowCache = Callable[[PyTree, int], PyTree]
+
+METHODS = ("beam", "greedy", "sample")
+# Which hypotheses beam search counts as finished (SearchSpec.finish_rule).
+FINISH_RULES = ("t2t", "fairseq")
+# When beam search stops a sentence (SearchSpec.stop_rule).
+STOP_RULES = ("exact", "best_finished", "max_length")
+# SearchSpec.eos_id: no token ends a sentence, every one decodes max_lengths[b] tokens.
+NO_EOS = -1
+
+
+class StepModel(NamedTuple):
+  """The model as a search sees it: its step, initial cache, per-sentence inputs (None: the
+  step takes none) and how to grow the cache (for SearchPlan.cache_lengths)."""
+  step: TokensToLogits
+  cache: PyTree
+  sentences: PyTree = None
+  grow_cache: GrowCache | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchPlan:
+  """How a search runs (module docstring); the results are the same under every plan.
+
+  cache_lengths: a growing cache's lengths, () for one loop over the full length.
+  shrink_batch: greedy and beam search go on in smaller batches as sentences end.
+  shared_cache: beam search over one cache row a sentence (beam_search).
+  """
+  cache_lengths: tuple[int, ...] = ()
+  shrink_batch: bool = False
+  shared_cache: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSpec:
+  """What to search for; a setting that cannot work is a UserError on construction.
+
+  method: "beam", "greedy" or "sample".
+  beam_size, alpha: beams per sentence (the paper: 4) and the GNMT length penalty's
+    exponent, >= 0 (the paper: 0.6). `alpha` may be a traced float32[] inside jit, so
+    one compiled search serves every α.
+  finish_rule, stop_rule: beam search's rules (beam_search).
+  temperature, top_k, top_p: sampling from softmax(logits / temperature), restricted to
+    the top_k most likely tokens (0: all) and to the smallest set whose probability
+    reaches top_p (1: all).
+  eos_id, bos_id: the special tokens; eos_id=NO_EOS decodes every sentence to its
+    maximum length (fixed work, for benchmarks).
+  """
+  method: str = "beam"
+  beam_size: int = 4
+  alpha: float | jax.Array = 0.6
+  finish_rule: str = "t2t"
+  stop_rule: str = "exact"
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  eos_id: int = EOS_ID
+  bos_id: int = BOS_ID
+
+  def __post_init__(self):
+    if self.method not in METHODS:
+      raise UserError(f"method={self.method!r} is not one of {', '.join(METHODS)}")
+    if int(self.beam_size) < 1:
+      raise UserError(f"beam_size={self.beam_size} must be at least 1 (the paper uses 4)")
+    if isinstance(self.alpha, numbers.Real) and self.alpha < 0:  # Not checkable when traced.
+      raise UserError(f"alpha={self.alpha} must be >= 0 (0 disables the length penalty; the "
+                      "paper uses 0.6)")
+    if self.finish_rule not in FINISH_RULES:
+      raise UserError(f"finish_rule={self.finish_rule!r} is not one of "
+                      f"{', '.join(FINISH_RULES)}")
+    if self.stop_rule not in STOP_RULES:
+      raise UserError(f"stop_rule={self.stop_rule!r} is not one of {', '.join(STOP_RULES)}")
+    if not float(self.temperature) > 0:
+      raise UserError(f"temperature={self.temperature} must be > 0 (1: the model's own "
+                      "distribution; greedy search is the limit of 0)")
+    if int(self.top_k) < 0:
+      raise UserError(f"top_k={self.top_k} must be >= 0 (0 samples from every token)")
+    if not 0 < float(self.top_p) <= 1:
+      raise UserError(f"top_p={self.top_p} must be in (0, 1] (1 samples from every token)")
 
 
 def doubling_lengths(max_decode_len: int, first: int = 16) -> tuple[int, ...]:
@@ -153,22 +237,16 @@ def _run_search(cond_fn, body_fn, state, finalize: Callable[[Any], PyTree],
   return outputs
 
 
-def _with_sentences(tokens_to_logits: Callable, sentences: PyTree,
-                    shrink_batch: bool = False) -> Callable:
-  """The step as `(tokens, cache, step, sentences)`, whether or not it takes `sentences`."""
-  if shrink_batch and sentences is None:
+def _step_with_sentences(model: StepModel, shrink_batch: bool = False) -> Callable:
+  """The step as `(tokens, cache, step, sentences, ...)`, whether or not it takes `sentences`."""
+  if shrink_batch and model.sentences is None:
     raise ValueError("shrink_batch=True needs the step's per-sentence inputs as `sentences`: "
                      "a step closing over them would read other sentences' once the batch "
                      "shrinks")
-  if sentences is None:
-    return lambda tokens, cache, step, _, *rest: tokens_to_logits(tokens, cache, step, *rest)
-  return tokens_to_logits
-
-
-# Which hypotheses beam search counts as finished (`beam_search`'s `finish_rule`).
-FINISH_RULES = ("t2t", "fairseq")
-# When beam search stops a sentence (`beam_search`'s `stop_rule`).
-STOP_RULES = ("exact", "best_finished")
+  if model.sentences is None:
+    step = model.step
+    return lambda tokens, cache, t, _, *rest: step(tokens, cache, t, *rest)
+  return model.step
 
 
 def length_penalty(length: jax.Array | float, alpha: float | jax.Array) -> jax.Array:
@@ -298,35 +376,23 @@ def expand_to_beams(tree: PyTree, beam_size: int) -> PyTree:
       tree)
 
 
-def _validate(max_decode_len: int, beam_size: int = 1, alpha: float = 0.0,
-              temperature: float = 1.0, top_k: int = 0) -> None:
-  """Raises `UserError` for decoding settings that cannot work."""
+def _check_length(max_decode_len: int) -> None:
   if int(max_decode_len) < 1:
     raise UserError(f"max_decode_len={max_decode_len} must be at least 1")
-  if int(beam_size) < 1:
-    raise UserError(f"beam_size={beam_size} must be at least 1 "
-                    "(the paper uses 4)")
-  if isinstance(alpha, numbers.Real) and alpha < 0:  # Not checkable when traced.
-    raise UserError(f"alpha={alpha} must be >= 0 (0 disables the length "
-                    "penalty; the paper uses 0.6)")
-  if not float(temperature) > 0:
-    raise UserError(f"temperature={temperature} must be > 0 "
-                    "(use greedy_search for temperature 0)")
-  if int(top_k) < 0:
-    raise UserError(f"top_k={top_k} must be >= 0 (0 samples from the whole "
-                    "vocabulary)")
 
 
-def _max_lengths(max_lengths: jax.Array | None, batch_size: int,
-                 max_decode_len: int) -> jax.Array:
+def _max_lengths(max_lengths: jax.Array, max_decode_len: int) -> jax.Array:
   """int32[batch] per-sentence limits, clipped to `max_decode_len`."""
-  if max_lengths is None:
-    return jnp.full((batch_size,), max_decode_len, jnp.int32)
   max_lengths = jnp.asarray(max_lengths, jnp.int32)
-  if max_lengths.shape != (batch_size,):
-    raise UserError(f"max_lengths has shape {max_lengths.shape}, expected "
-                    f"({batch_size},): one limit per sentence")
+  if max_lengths.ndim != 1:
+    raise UserError(f"max_lengths has shape {max_lengths.shape}, expected (batch,): one limit "
+                    "per sentence")
   return jnp.minimum(max_lengths, max_decode_len)
+
+
+def full_lengths(batch_size: int, max_decode_len: int) -> jax.Array:
+  """int32[batch_size] limits of `max_decode_len` tokens: `max_lengths` with no shorter one."""
+  return jnp.full((batch_size,), max_decode_len, jnp.int32)
 
 
 # --------------------------------------------------------------------------
@@ -348,80 +414,53 @@ class _BeamState(NamedTuple):
   beam_slots: jax.Array | None
 
 
-def beam_search(tokens_to_logits: TokensToLogits,
-                cache: PyTree,
-                batch_size: int,
-                beam_size: int,
-                alpha: float | jax.Array,
-                max_decode_len: int,
-                max_lengths: jax.Array | None = None,
-                eos_id: int = EOS_ID,
-                bos_id: int = BOS_ID,
-                ignore_eos: bool = False,
-                early_stopping: bool = True,
-                cache_lengths: Sequence[int] = (),
-                grow_cache: GrowCache | None = None,
-                finish_rule: str = "t2t",
-                stop_rule: str = "exact",
-                sentences: PyTree = None,
-                shrink_batch: bool = False,
-                shared_cache: bool = False) -> tuple[jax.Array, jax.Array]:
+def beam_search(model: StepModel, spec: SearchSpec, max_lengths: jax.Array,
+                max_decode_len: int, plan: SearchPlan = SearchPlan()
+                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty (paper §6.1), best first.
 
   Each step extends the alive beams, keeps the 2*beam best candidates, moves
   those ending in EOS to the finished set (scored log P / lp(length)) and
   keeps the `beam_size` best others alive, gathering the cache rows of
-  their parent beams (or, with `shared_cache`, only their slot tables).
+  their parent beams (or, with `plan.shared_cache`, only their slot tables).
 
   Args:
-    tokens_to_logits: the model step (see module docstring).
-    cache: PyTree whose leaves have leading dimension batch*beam (or batch,
-      in which case each row is repeated for the beams).
-    batch_size: number of sentences.
-    beam_size: beams per sentence (the paper uses 4).
-    alpha: length penalty exponent, >= 0 (the paper uses 0.6).
+    model: the step and its cache, whose leaves have leading dimension batch*beam (or
+      batch, in which case each row is repeated for the beams).
+    spec: beam_size, alpha, eos_id, bos_id and the rules:
+      finish_rule "t2t" (tensor2tensor, the paper's code): every one of the
+        2*beam candidates that ends in EOS is finished, and hypotheses cut at
+        the maximum length are returned only if nothing finished. "fairseq"
+        (fairseq, Hugging Face generate): only EOS candidates among the `beam`
+        best are finished, and hypotheses cut at the maximum length compete
+        with the finished ones. They differ only where a hypothesis ranked
+        below the beam ends, or the length limit cuts one that would win.
+      stop_rule "exact": stop a sentence once no alive beam can beat its
+        `beam_size`-th finished one. The bound divides the best alive
+        log-probability by the largest possible penalty lp(max_lengths[b]),
+        which is exact because log-probabilities only fall and lp grows with
+        length (alpha >= 0): results equal those of "max_length". With a large
+        alpha that bound is loose, so sentences often run to their maximum length.
+        "best_finished": stop a sentence at the first step whose best
+        candidate ends in EOS, and return the best finished hypotheses so far
+        (the rule of OpenNMT-py's and CTranslate2's beam search for one
+        hypothesis). An alive beam that would have finished better later is
+        lost, so results can differ from "exact"; most sentences stop soon
+        after their best translation ends. "max_length": every sentence runs
+        to its maximum length.
+    max_lengths: int32[batch] most tokens (EOS included) per sentence, e.g. source
+      length + 50 (§6.1); clipped to `max_decode_len`.
     max_decode_len: static length of the output arrays.
-    max_lengths: int32[batch] most tokens (EOS included) per sentence, e.g.
-      source length + 50 (§6.1); defaults to `max_decode_len`.
-    eos_id, bos_id: special token ids.
-    ignore_eos: EOS is an ordinary token and nothing finishes: every
-      sentence decodes exactly `max_lengths[b]` tokens (for benchmarks).
-    early_stopping: stop sentences early by `stop_rule`; False: every
-      sentence runs to its maximum length.
-    stop_rule: "exact": stop a sentence once no alive beam can beat its
-      `beam_size`-th finished one. The bound divides the best alive
-      log-probability by the largest possible penalty lp(max_lengths[b]),
-      which is exact because log-probabilities only fall and lp grows with
-      length (alpha >= 0): results equal those with `early_stopping=False`.
-      With a large alpha that bound is loose (a long hypothesis is divided
-      by a large penalty), so sentences often run to their maximum length.
-      "best_finished": stop a sentence at the first step whose best
-      candidate ends in EOS, and return the best finished hypotheses so far
-      (the rule of OpenNMT-py's and CTranslate2's beam search for one
-      hypothesis). An alive beam that would have finished better later is
-      lost, so results can differ from "exact"; most sentences stop soon
-      after their best translation ends.
-    cache_lengths, grow_cache: a growing cache (module docstring).
-    finish_rule: "t2t" (tensor2tensor, the paper's code): every one of the
-      2*beam candidates that ends in EOS is finished, and hypotheses cut at
-      the maximum length are returned only if nothing finished. "fairseq"
-      (fairseq, Hugging Face generate): only EOS candidates among the `beam`
-      best are finished, and hypotheses cut at the maximum length compete
-      with the finished ones. They differ only where a hypothesis ranked
-      below the beam ends, or the length limit cuts one that would win.
-    sentences: the step's per-sentence inputs (module docstring).
-    shrink_batch: go on with the undecided sentences only, in smaller
-      batches, as sentences stop (module docstring). Same results.
-    shared_cache: the beams of a sentence share one cache row, and nothing
-      is reordered when they change parents: the cache holds beam_size slots
-      a position, each beam writes its own, and the step is called as
-      `tokens_to_logits(tokens, cache, step, sentences, beam_slots)` with
-      beam_slots int32[batch, beam, max_decode_len], the slot holding
-      position p of each alive beam's history (cache.shared_beam_mask turns
-      it into the attention mask). `cache` then has `batch` rows, starts
-      empty (its writes follow the search's step), and `grow_cache(cache, n)`
-      (required) is called with n = length × beam_size slots. The results
-      equal the reordering search's up to float rounding.
+    plan: a growing cache, a shrinking batch (module docstring), or `shared_cache`:
+      the beams of a sentence share one cache row, and nothing is reordered when
+      they change parents. The cache holds beam_size slots a position, each beam
+      writes its own, and the step is called as `step(tokens, cache, t, sentences,
+      beam_slots)` with beam_slots int32[batch, beam, max_decode_len], the slot
+      holding position p of each alive beam's history (cache.shared_beam_mask turns
+      it into the attention mask). The cache then has `batch` rows, starts empty (its
+      writes follow the search's step), and `model.grow_cache(cache, n)` (required) is
+      called with n = length × beam_size slots. The results equal the reordering
+      search's up to float rounding.
 
   Returns:
     sequences: int32[batch, beam, max_decode_len], tokens after EOS are PAD.
@@ -430,14 +469,14 @@ def beam_search(tokens_to_logits: TokensToLogits,
       (scored with lp(max_lengths[b])); finished slots that stay empty have
       score -inf and an all-PAD sequence.
   """
-  _validate(max_decode_len, beam_size=beam_size, alpha=alpha)
-  if finish_rule not in FINISH_RULES:
-    raise UserError(f"finish_rule={finish_rule!r} is not one of {', '.join(FINISH_RULES)}")
-  if stop_rule not in STOP_RULES:
-    raise UserError(f"stop_rule={stop_rule!r} is not one of {', '.join(STOP_RULES)}")
-  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
+  _check_length(max_decode_len)
+  beam_size, alpha, eos_id = spec.beam_size, spec.alpha, spec.eos_id
+  finish_rule, stop_rule = spec.finish_rule, spec.stop_rule
+  max_lengths = _max_lengths(max_lengths, max_decode_len)
+  batch_size = max_lengths.shape[0]
   rows = batch_size * beam_size
-  step_fn = _with_sentences(tokens_to_logits, sentences, shrink_batch)
+  step_fn = _step_with_sentences(model, plan.shrink_batch)
+  shared_cache, cache_lengths, grow_cache = plan.shared_cache, plan.cache_lengths, model.grow_cache
   if shared_cache:
     if grow_cache is None:
       raise ValueError("shared_cache=True needs grow_cache to give the cache beam_size slots "
@@ -470,8 +509,8 @@ def beam_search(tokens_to_logits: TokensToLogits,
       finished_scores=jnp.full((batch_size, beam_size), neg_inf),
       done=max_lengths <= 0,
       max_lengths=max_lengths,
-      sentences=sentences,
-      cache=jax.tree_util.tree_map(expand, cache),
+      sentences=model.sentences,
+      cache=jax.tree_util.tree_map(expand, model.cache),
       beam_slots=(jnp.zeros((batch_size, beam_size, max_decode_len), jnp.int32)
                   if shared_cache else None))
 
@@ -483,7 +522,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     batch = s.done.shape[0]  # Smaller than batch_size in a shrunk batch.
     prev = jax.lax.dynamic_index_in_dim(
         s.alive_seqs, jnp.maximum(t - 1, 0), axis=2, keepdims=False)
-    tokens = jnp.where(t == 0, jnp.int32(bos_id), prev)  # [batch, beam]
+    tokens = jnp.where(t == 0, jnp.int32(spec.bos_id), prev)  # [batch, beam]
     beam_slots = s.beam_slots
     if shared_cache:  # Each beam writes position t in its own slot.
       beam_slots = beam_slots.at[:, :, t].set(jnp.arange(beam_size, dtype=jnp.int32))
@@ -499,10 +538,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     top_seqs = jnp.take_along_axis(s.alive_seqs, top_parent[:, :, None], 1)
     top_seqs = top_seqs.at[:, :, t].set(top_token)
     valid = top_logprobs > neg_inf
-    if ignore_eos:
-      ends = jnp.zeros_like(valid)
-    else:
-      ends = top_token == eos_id
+    ends = top_token == eos_id  # Never with NO_EOS.
     finishes = ends & valid
     if finish_rule == "fairseq":  # An EOS ranked below the beam is dropped, not finished.
       finishes &= jnp.arange(num_candidates) < beam_size
@@ -543,10 +579,10 @@ def beam_search(tokens_to_logits: TokensToLogits,
       beam_slots = keep(s.beam_slots, beam_slots)
 
     done = s.done | (t + 1 >= s.max_lengths)
-    if early_stopping and not ignore_eos and stop_rule == "exact":
+    if stop_rule == "exact":
       best_possible = alive_logprobs[:, 0] / length_penalty(s.max_lengths, alpha)
       done |= finished_scores[:, -1] > best_possible
-    if early_stopping and not ignore_eos and stop_rule == "best_finished":
+    if stop_rule == "best_finished":
       stops = finishes[:, 0] & ~done  # This step's best candidate ended in EOS.
       # Its alive beams were not cut by the length limit: they must not compete with the
       # finished ones at the end (fairseq's rule scores cut beams with lp(max_lengths)).
@@ -575,7 +611,7 @@ def beam_search(tokens_to_logits: TokensToLogits,
     sequences = jnp.where((scores > neg_inf)[:, :, None], sequences, PAD_ID)
     return sequences, scores
 
-  batch_sizes = shrinking_sizes(batch_size) if shrink_batch else (batch_size,)
+  batch_sizes = shrinking_sizes(batch_size) if plan.shrink_batch else (batch_size,)
   return _run_search(cond_fn, body_fn, state, finalize, batch_sizes,
                      1 if shared_cache else beam_size, max_decode_len, cache_lengths, grow_cache)
 
@@ -594,100 +630,98 @@ class _StepState(NamedTuple):
   cache: PyTree  # leaves [batch, ...].
 
 
-def _decode_one_per_step(
-    tokens_to_logits: TokensToLogits, cache: PyTree, rng: jax.Array,
-    choose: Callable[[jax.Array, jax.Array], jax.Array], batch_size: int,
-    max_decode_len: int, max_lengths: jax.Array | None, eos_id: int,
-    bos_id: int, ignore_eos: bool, cache_lengths: Sequence[int],
-    grow_cache: GrowCache | None, sentences: PyTree = None,
-    shrink_batch: bool = False) -> jax.Array:
-  """Decodes with `choose(logits[batch, vocab], rng) -> int32[batch]`."""
-  max_lengths = _max_lengths(max_lengths, batch_size, max_decode_len)
-  step_fn = _with_sentences(tokens_to_logits, sentences, shrink_batch)
+def _decode_one_per_step(model: StepModel, spec: SearchSpec, max_lengths: jax.Array,
+                         max_decode_len: int, plan: SearchPlan,
+                         choose: Callable[[jax.Array, jax.Array], jax.Array]) -> jax.Array:
+  """Decodes with `choose(logits float32[batch, vocab], step) -> int32[batch]`."""
+  _check_length(max_decode_len)
+  max_lengths = _max_lengths(max_lengths, max_decode_len)
+  batch_size = max_lengths.shape[0]
+  step_fn = _step_with_sentences(model, plan.shrink_batch)
 
   def cond_fn(s: _StepState) -> jax.Array:
     return (s.step < max_decode_len) & ~jnp.all(s.done)
 
   def body_fn(s: _StepState) -> _StepState:
     logits, cache = step_fn(s.last[:, None], s.cache, s.step, s.sentences)
-    token = choose(logits.astype(jnp.float32), jax.random.fold_in(rng, s.step))
+    token = choose(logits.astype(jnp.float32), s.step)
     token = jnp.where(s.done, PAD_ID, token.astype(jnp.int32))
     seqs = s.seqs.at[:, s.step].set(token)
-    done = s.done | (s.step + 1 >= s.max_lengths)
-    if not ignore_eos:
-      done |= token == eos_id
+    done = s.done | (s.step + 1 >= s.max_lengths) | (token == spec.eos_id)
     return s._replace(step=s.step + 1, seqs=seqs, last=token, done=done, cache=cache)
 
   state = _StepState(jnp.int32(0),
                      jnp.full((batch_size, max_decode_len), PAD_ID, jnp.int32),
-                     jnp.full((batch_size,), bos_id, jnp.int32),
+                     jnp.full((batch_size,), spec.bos_id, jnp.int32),
                      max_lengths <= 0,
                      max_lengths,
-                     sentences,
-                     cache)
-  batch_sizes = shrinking_sizes(batch_size) if shrink_batch else (batch_size,)
+                     model.sentences,
+                     model.cache)
+  batch_sizes = shrinking_sizes(batch_size) if plan.shrink_batch else (batch_size,)
   return _run_search(cond_fn, body_fn, state, lambda s: s.seqs, batch_sizes, 1, max_decode_len,
-                     cache_lengths, grow_cache)
+                     plan.cache_lengths, model.grow_cache)
 
 
-def greedy_search(tokens_to_logits: TokensToLogits,
-                  cache: PyTree,
-                  batch_size: int,
-                  max_decode_len: int,
-                  max_lengths: jax.Array | None = None,
-                  eos_id: int = EOS_ID,
-                  bos_id: int = BOS_ID,
-                  ignore_eos: bool = False,
-                  cache_lengths: Sequence[int] = (),
-                  grow_cache: GrowCache | None = None,
-                  sentences: PyTree = None,
-                  shrink_batch: bool = False) -> jax.Array:
+def greedy_search(model: StepModel, spec: SearchSpec, max_lengths: jax.Array,
+                  max_decode_len: int, plan: SearchPlan = SearchPlan()) -> jax.Array:
   """Greedy decoding: int32[batch, max_decode_len], PAD after EOS.
 
   The cache leaves have leading dimension batch. The loop stops as soon as
-  every sentence has emitted EOS or reached `max_lengths[b]` tokens;
-  `ignore_eos=True` decodes exactly `max_lengths[b]` tokens. `sentences` and
-  `shrink_batch`: the step's per-sentence inputs and a shrinking batch (module
-  docstring; same tokens).
+  every sentence has emitted `spec.eos_id` or reached `max_lengths[b]` tokens.
   """
-  _validate(max_decode_len)
-  choose = lambda logits, rng: first_argmax(logits)
-  return _decode_one_per_step(tokens_to_logits, cache, jax.random.key(0),
-                              choose, batch_size, max_decode_len, max_lengths,
-                              eos_id, bos_id, ignore_eos, cache_lengths, grow_cache,
-                              sentences, shrink_batch)
+  return _decode_one_per_step(model, spec, max_lengths, max_decode_len, plan,
+                              lambda logits, step: first_argmax(logits))
 
 
-def sample(tokens_to_logits: TokensToLogits,
-           cache: PyTree,
-           rng: jax.Array,
-           batch_size: int,
-           max_decode_len: int,
-           max_lengths: jax.Array | None = None,
-           temperature: float = 1.0,
-           top_k: int = 0,
-           eos_id: int = EOS_ID,
-           bos_id: int = BOS_ID,
-           ignore_eos: bool = False,
-           cache_lengths: Sequence[int] = (),
-           grow_cache: GrowCache | None = None,
-           sentences: PyTree = None) -> jax.Array:
+def filter_logits(logits: jax.Array, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0) -> jax.Array:
+  """float[n, vocab] -> logits / temperature with -inf outside the top-k and the top-p set.
+
+  The top-p set is the smallest set of most likely tokens whose probability
+  reaches `top_p` (the most likely token is always in it).
+  """
+  logits = logits.astype(jnp.float32) / temperature
+  if top_k:
+    kth = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][:, -1:]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    # The number of tokens kept: those before the cumulative mass reaches top_p, plus that one.
+    kept = jnp.sum(cumulative < top_p, axis=-1, keepdims=True) + 1
+    threshold = jnp.take_along_axis(sorted_logits, kept - 1, axis=-1)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
+  return logits
+
+
+def sample(model: StepModel, spec: SearchSpec, max_lengths: jax.Array, max_decode_len: int,
+           rng: jax.Array, plan: SearchPlan = SearchPlan()) -> jax.Array:
   """Ancestral sampling: int32[batch, max_decode_len], PAD after EOS.
 
-  Samples from softmax(logits / temperature), restricted to the `top_k`
-  most likely tokens when `top_k` > 0. The cache leaves have leading
-  dimension batch; `sentences`: the step's per-sentence inputs (module
-  docstring). The batch never shrinks: a sentence's draws depend on its row.
+  Step t draws from `filter_logits(logits, spec.temperature, spec.top_k, spec.top_p)` with
+  the key `fold_in(rng, t)`, so a seed fixes the output. The cache leaves have leading
+  dimension batch. The batch never shrinks (`plan.shrink_batch` is refused): a
+  sentence's draws depend on its row.
   """
-  _validate(max_decode_len, temperature=temperature, top_k=top_k)
+  if plan.shrink_batch:
+    raise ValueError("sampling keeps its batch: a sentence's draws depend on its row")
 
-  def choose(logits, key):
-    logits = logits / temperature
-    if top_k:
-      kth = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][:, -1:]
-      logits = jnp.where(logits < kth, -jnp.inf, logits)
-    return jax.random.categorical(key, logits, axis=-1)
+  def choose(logits, step):
+    return jax.random.categorical(
+        jax.random.fold_in(rng, step),
+        filter_logits(logits, spec.temperature, spec.top_k, spec.top_p), axis=-1)
 
-  return _decode_one_per_step(tokens_to_logits, cache, rng, choose,
-                              batch_size, max_decode_len, max_lengths, eos_id,
-                              bos_id, ignore_eos, cache_lengths, grow_cache, sentences)
+  return _decode_one_per_step(model, spec, max_lengths, max_decode_len, plan, choose)
+
+
+def best_outputs(model: StepModel, spec: SearchSpec, max_lengths: jax.Array,
+                 max_decode_len: int, plan: SearchPlan = SearchPlan(),
+                 rng: jax.Array | None = None) -> jax.Array:
+  """The search `spec.method` names: int32[batch, max_decode_len], its best output per
+  sentence (`rng`: sampling's key, key 0 where None)."""
+  if spec.method == "beam":
+    return beam_search(model, spec, max_lengths, max_decode_len, plan)[0][:, 0]
+  if spec.method == "greedy":
+    return greedy_search(model, spec, max_lengths, max_decode_len, plan)
+  return sample(model, spec, max_lengths, max_decode_len,
+                jax.random.key(0) if rng is None else rng, plan)

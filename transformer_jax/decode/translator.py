@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import math
 import sys
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -99,42 +99,34 @@ class DecodeOptions:
     return cls(beam_size=config.beam_size, alpha=config.length_penalty,
                max_extra_len=config.max_decode_extra_len)
 
+  def spec(self, alpha: float | Array | None = None) -> search.SearchSpec:
+    """What to search for (`alpha`, possibly traced, in place of options.alpha)."""
+    return search.SearchSpec(
+        method=self.method, beam_size=self.beam_size,
+        alpha=self.alpha if alpha is None else alpha, finish_rule=self.finish_rule,
+        stop_rule=self.stop_rule, temperature=self.temperature, top_k=self.top_k,
+        eos_id=search.NO_EOS if self.ignore_eos else EOS_ID)
+
   @property
   def grows_cache(self) -> bool:
     """Whether decoding runs over a growing self-attention cache (`growing_cache` resolved)."""
     return self.method == "beam" if self.growing_cache is None else self.growing_cache
 
   def __post_init__(self):
-    if self.method not in ("beam", "greedy", "sample"):
-      raise UserError(f"decoding method {self.method!r} is not one of beam, greedy, sample")
-    if self.beam_size < 1:
-      raise UserError(f"--beam_size={self.beam_size} must be at least 1")
-    if self.alpha < 0:
-      raise UserError(f"--alpha={self.alpha} must be >= 0 (the paper uses 0.6)")
+    self.spec()  # The search's own settings.
     if self.max_extra_len < 0:
       raise UserError(f"max_extra_len={self.max_extra_len} must be >= 0")
     if self.min_length < 0:
       raise UserError(f"--min_length={self.min_length} must be >= 0")
-    if self.finish_rule not in search.FINISH_RULES:
-      raise UserError(f"--beam_finish={self.finish_rule!r} is not one of "
-                      f"{', '.join(search.FINISH_RULES)}")
     if self.quantize not in precision.QUANTIZATIONS:
       raise UserError(f"--quantize={self.quantize!r} is not a quantization: use int8, or "
                       "leave it empty for the weights as trained")
     if self.matmul_dtype not in MATMUL_DTYPES:
       raise UserError(f"--matmul_dtype={self.matmul_dtype!r} is not one of "
                       f"{', '.join(MATMUL_DTYPES[1:])}; leave it empty for the run's own")
-    if self.stop_rule not in search.STOP_RULES:
-      raise UserError(f"--beam_stop={self.stop_rule!r} is not one of "
-                      f"{', '.join(search.STOP_RULES)}")
     if self.shrink_batch and self.method == "sample":
       raise UserError("--shrink_batch is for greedy and beam search: sampling keeps its batch, "
                       "as a sentence's draws depend on its row; leave it unset")
-    if self.temperature <= 0:
-      raise UserError(f"--temperature={self.temperature} must be > 0 (1: the model's own "
-                      "distribution; greedy search is the limit of 0)")
-    if self.top_k < 0:
-      raise UserError(f"--top_k={self.top_k} must be >= 0 (0: sample from every token)")
 
 
 def for_decoding(model: Transformer | DecoderOnly | Ensemble, options: DecodeOptions
@@ -155,14 +147,6 @@ def for_decoding(model: Transformer | DecoderOnly | Ensemble, options: DecodeOpt
     raise UserError(f"{asked}: not for this run, as {e}") from None
 
 
-class _Search(NamedTuple):
-  """What the search needs of one model: its step, cache, per-sentence inputs and growth."""
-  step: search.TokensToLogits
-  cache: Any
-  sentences: Any
-  grow: search.GrowCache
-
-
 def shares_beam_cache(model: Transformer | DecoderOnly | Ensemble, options: DecodeOptions) -> bool:
   """Whether beam search over `model` runs on a shared beam cache (`shared_beam_cache`)."""
   if options.method != "beam":
@@ -178,7 +162,7 @@ def shares_beam_cache(model: Transformer | DecoderOnly | Ensemble, options: Deco
 
 
 def _prepare(model: Transformer | DecoderOnly, params, src_tokens: Array, cache_len: int,
-             method: str) -> _Search:
+             method: str) -> search.StepModel:
   """The search over `model` for `src_tokens`, its cache `cache_len` positions long."""
   if isinstance(model, DecoderOnly):  # A prefix LM: the source is the prompt, attended both ways.
     src_len = src_tokens.shape[1]
@@ -195,15 +179,15 @@ def _prepare(model: Transformer | DecoderOnly, params, src_tokens: Array, cache_
     grow = grow_cache
   if method == "beam":  # Reordered (or read by every beam): half the bytes in bfloat16.
     cache = stored_as(cache, model.config.matmul_operand_dtype)
-  return _Search(step, cache, sentences, grow)
+  return search.StepModel(step, cache, sentences, grow)
 
 
-def _prepare_ensemble(searches: Sequence[_Search]) -> _Search:
+def _prepare_ensemble(searches: Sequence[search.StepModel]) -> search.StepModel:
   """One search over several models' (ensemble.average_step), each with its own cache."""
   if len(searches) == 1:
     return searches[0]
-  grows = tuple(member.grow for member in searches)
-  return _Search(
+  grows = tuple(member.grow_cache for member in searches)
+  return search.StepModel(
       average_step([member.step for member in searches]),
       tuple(member.cache for member in searches),
       tuple(member.sentences for member in searches),
@@ -227,36 +211,21 @@ def decode_batch(
     alpha: beam search's length penalty, options.alpha where None; a traced float32[]
       lets one compiled search serve every α.
   """
-  cache_lengths = search.doubling_lengths(max_decode_len) if options.grows_cache else ()
-  first_length = cache_lengths[0] if cache_lengths else max_decode_len
+  plan = search.SearchPlan(
+      cache_lengths=search.doubling_lengths(max_decode_len) if options.grows_cache else (),
+      shrink_batch=options.shrink_batch, shared_cache=shares_beam_cache(model, options))
+  first_length = plan.cache_lengths[0] if plan.cache_lengths else max_decode_len
   model = for_decoding(model, options)
   members, member_params = members_of(model, params)
-  step, cache, sentences, grow = _prepare_ensemble([
+  step_model = _prepare_ensemble([
       _prepare(member, p, src_tokens, first_length, options.method)
       for member, p in zip(members, member_params)])
-  step = allowed_tokens(step, 0 if options.ignore_eos else options.min_length)
+  step_model = step_model._replace(
+      step=allowed_tokens(step_model.step, 0 if options.ignore_eos else options.min_length))
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
-  batch_size = src_tokens.shape[0]
-  common = dict(max_decode_len=max_decode_len, max_lengths=max_lengths, eos_id=EOS_ID,
-                bos_id=BOS_ID, ignore_eos=options.ignore_eos, cache_lengths=cache_lengths,
-                grow_cache=grow,  # No cache_lengths: one loop, grow_cache unused.
-                sentences=sentences)
-  if options.method == "beam":
-    sequences, _ = search.beam_search(
-        step, cache, batch_size, options.beam_size, options.alpha if alpha is None else alpha,
-        finish_rule=options.finish_rule, stop_rule=options.stop_rule,
-        shrink_batch=options.shrink_batch, shared_cache=shares_beam_cache(model, options),
-        **common
-    )
-    return sequences[:, 0]
-  if options.method == "greedy":
-    return search.greedy_search(step, cache, batch_size, shrink_batch=options.shrink_batch,
-                                **common)
-  return search.sample(
-      step, cache, rng if rng is not None else jax.random.key(0), batch_size,
-      temperature=options.temperature, top_k=options.top_k, **common,
-  )
+  return search.best_outputs(step_model, options.spec(alpha), max_lengths, max_decode_len, plan,
+                             rng)
 
 
 def allowed_tokens(tokens_to_logits: search.TokensToLogits, min_length: int

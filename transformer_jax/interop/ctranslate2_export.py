@@ -127,7 +127,7 @@ def export_ctranslate2(run: LoadedRun, out_dir: str, quantization: str = "") -> 
   `quantization`: "" keeps float32; else a CTranslate2 compute type for the
   weights ("int8", "int8_float32", "float16", "bfloat16", ...).
   """
-  config = ModelConfig.from_config(run.config.model)
+  config = run.model.config
   tokens = [run.tokenizer.id_to_piece(i) for i in range(run.tokenizer.vocab_size)]
   if len(tokens) != config.vocab_size:
     raise UserError(f"the model has {config.vocab_size} output rows and the tokenizer "

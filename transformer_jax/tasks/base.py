@@ -157,8 +157,8 @@ class Task(abc.ABC):
                ) -> run_dir.LoadedRun:
     """A checkpoint of a run of this task, with its model, tokenizer and mesh."""
     model = self.build_model()
-    return run_dir.load_run(workdir, model, functools.partial(self.init_params, model),
-                            checkpoint, mesh)
+    return run_dir.load_run(workdir, self.config, model,
+                            functools.partial(self.init_params, model), checkpoint, mesh)
 
   def average_checkpoints(self, workdir: str, last: int) -> tuple[int, list[int]]:
     """Averages the newest `last` checkpoints of a run of this task (see run_dir)."""

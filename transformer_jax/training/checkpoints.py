@@ -125,6 +125,7 @@ def restore_latest(
     with_data: bool = True,
     check_meta: Callable[[dict], None] | None = None,
     set_aside_unreadable: bool = False,
+    partial: bool = False,
 ) -> tuple[Any, dict | None, dict] | None:
   """Restores the newest readable checkpoint onto `abstract_state`'s shardings.
 
@@ -136,6 +137,8 @@ def restore_latest(
   Args:
     check_meta: called with each checkpoint's meta before its state is read;
       raises a UserError if the checkpoint does not fit the run.
+    partial: read only the part of the saved state that `abstract_state` names
+      (inference: the step and parameters, not the optimizer's moments).
 
   Returns:
     (state, data_state, meta), or None if there is no checkpoint.
@@ -145,7 +148,7 @@ def restore_latest(
   restored = None
   for step in steps:
     try:
-      restored = restore_step(manager, step, abstract_state, with_data, check_meta)
+      restored = restore_step(manager, step, abstract_state, with_data, check_meta, partial)
       break
     except UserError:
       raise
@@ -232,16 +235,24 @@ def restore_step(
     abstract_state: Any,
     with_data: bool = True,
     check_meta: Callable[[dict], None] | None = None,
+    partial: bool = False,
 ) -> tuple[Any, dict | None, dict]:
   """Restores checkpoint `step`: (state, data_state or None, meta).
 
   `check_meta(meta)` runs before the state is read, so a checkpoint of another
-  model fails with its UserError instead of an Orbax shape error.
+  model fails with its UserError instead of an Orbax shape error. `partial` reads
+  only the part of the state that `abstract_state` names.
   """
   if check_meta is not None:
     check_meta(read_meta(manager, step))
   silence_abandoned_reads()  # In place before any failed read's tasks are freed.
-  items = dict(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore())
+  if partial:
+    state_args = ocp.args.PyTreeRestore(
+        item=abstract_state, partial_restore=True,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state))
+  else:
+    state_args = ocp.args.StandardRestore(abstract_state)
+  items = dict(state=state_args, meta=ocp.args.JsonRestore())
   has_data = with_data and os.path.isdir(os.path.join(str(manager.directory), str(step), "data"))
   if has_data:
     items["data"] = ocp.args.JsonRestore()

@@ -14,12 +14,13 @@ import shutil
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
 from flax import linen as nn
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from transformer_jax import sharding
@@ -65,11 +66,19 @@ def _abstract_state(config: ml_collections.ConfigDict, init_params: InitParams, 
                               mesh)
 
 
-def restore_state(workdir: str, init_params: InitParams, checkpoint: str = "latest",
-                  mesh: Mesh | None = None) -> tuple[TrainState, dict]:
-  """(TrainState, meta) of `checkpoint` ("latest", "averaged" or a step number) on `mesh`."""
+def _abstract_params(init_params: InitParams, mesh: Mesh) -> dict:
+  """The step and the parameters as ShapeDtypeStructs on `mesh`: the part of a saved
+  TrainState that inference reads."""
+  boxed = jax.eval_shape(init_params, jax.random.key(0))
+  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+  step = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
+  return dict(step=step, params=params)
+
+
+def _restore(workdir: str, abstract: Any, checkpoint: str, partial: bool) -> tuple[Any, dict]:
+  """(the state `abstract` names, meta) of `checkpoint` ("latest", "averaged" or a step)."""
   workdir = os.path.abspath(workdir)
-  abstract = _abstract_state(read_config(workdir), init_params, mesh or default_mesh())
   directory = checkpoints.checkpoint_dir(workdir)
   if checkpoint == "averaged":
     directory = os.path.join(workdir, AVERAGED_DIR)
@@ -79,7 +88,7 @@ def restore_state(workdir: str, init_params: InitParams, checkpoint: str = "late
     raise UserError(f"no checkpoint in {workdir} ({directory} does not exist); {hint}")
   manager = checkpoints.make_manager(directory, None, async_save=False, read_only=True)
   if checkpoint in ("latest", "averaged"):
-    restored = checkpoints.restore_latest(manager, abstract, with_data=False)
+    restored = checkpoints.restore_latest(manager, abstract, with_data=False, partial=partial)
     if restored is None:
       raise UserError(f"no checkpoint in {directory}; train first")
   else:
@@ -89,29 +98,45 @@ def restore_state(workdir: str, init_params: InitParams, checkpoint: str = "late
       raise UserError(f"--checkpoint={checkpoint!r} is not latest, averaged or a step number") from None
     if step not in manager.all_steps():
       raise UserError(f"no checkpoint at step {step} in {directory}; have {sorted(manager.all_steps())}")
-    restored = checkpoints.restore_step(manager, step, abstract, with_data=False)
+    restored = checkpoints.restore_step(manager, step, abstract, with_data=False, partial=partial)
   state, _, meta = restored
-  logging.info("loaded %s checkpoint step %d from %s", checkpoint, int(state.step), directory)
+  logging.info("loaded %s checkpoint from %s", checkpoint, directory)
   return state, meta
 
 
-def load_run(workdir: str, model: nn.Module, init_params: InitParams,
-             checkpoint: str = "latest", mesh: Mesh | None = None) -> LoadedRun:
-  """Loads `checkpoint` ("latest", "averaged" or a step number) of the run in `workdir`."""
+def restore_state(workdir: str, init_params: InitParams, checkpoint: str = "latest",
+                  mesh: Mesh | None = None) -> tuple[TrainState, dict]:
+  """(TrainState, meta) of `checkpoint` ("latest", "averaged" or a step number) on `mesh`."""
+  abstract = _abstract_state(read_config(workdir), init_params, mesh or default_mesh())
+  return _restore(workdir, abstract, checkpoint, partial=False)
+
+
+def restore_params(workdir: str, init_params: InitParams, checkpoint: str = "latest",
+                   mesh: Mesh | None = None) -> tuple[Any, int, dict]:
+  """(params, step, meta) of `checkpoint` on `mesh`; the optimizer's state is not read."""
+  restored, meta = _restore(workdir, _abstract_params(init_params, mesh or default_mesh()),
+                            checkpoint, partial=True)
+  return restored["params"], int(np.asarray(restored["step"])), meta
+
+
+def load_run(workdir: str, config: ml_collections.ConfigDict, model: nn.Module,
+             init_params: InitParams, checkpoint: str = "latest", mesh: Mesh | None = None
+             ) -> LoadedRun:
+  """Loads the parameters of `checkpoint` ("latest", "averaged" or a step number) of the run
+  in `workdir`, whose config.json the caller read (`config`), for inference."""
   workdir = os.path.abspath(workdir)
-  config = read_config(workdir)
   tokenizer_path = os.path.join(workdir, "tokenizer.model")
   if not os.path.exists(tokenizer_path):
     raise UserError(f"{tokenizer_path} is missing; the run directory is incomplete")
   tokenizer = load_tokenizer(tokenizer_path)
   mesh = mesh or default_mesh()
-  state, meta = restore_state(workdir, init_params, checkpoint, mesh)
+  params, step, meta = restore_params(workdir, init_params, checkpoint, mesh)
   if meta.get("tokenizer_sha256") != tokenizer.sha256:
     raise UserError(
         f"{tokenizer_path} does not match the checkpoint (sha256 {tokenizer.sha256[:12]} vs "
         f"{str(meta.get('tokenizer_sha256'))[:12]}); restore the run's own tokenizer.model"
     )
-  return LoadedRun(config, model, state.params, tokenizer, mesh, int(np.asarray(state.step)))
+  return LoadedRun(config, model, params, tokenizer, mesh, step)
 
 
 def average_checkpoints(workdir: str, last: int, init_params: InitParams) -> tuple[int, list[int]]:
