@@ -68,20 +68,26 @@ def test_closed_form_loss_and_gradient_equal_explicit_smoothed_targets(label_smo
   np.testing.assert_allclose(jax.grad(closed_form_loss)(logits), jax.grad(explicit_loss)(logits), atol=1e-6)
 
 
+# Several chunked blocks, heads split by the tensor axis.
+CHUNKED = dict(attention_impl="chunked", attention_block_size=4, attention_dropout_rate=0.1)
+# The descendants' variants of the blocks (tests/test_variants.py), all at once.
+VARIANTS = dict(norm_type="rmsnorm", norm="pre", activation="swiglu", attention_scale=0.3)
+
+
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-@pytest.mark.parametrize("task_class,mesh_shape,attention_impl", [
-    (TranslationTask, DATA_8, "plain"), (TranslationTask, MIXED, "plain"),
-    (CausalLMTask, DATA_8, "plain"), (CausalLMTask, MIXED, "plain"),
-    (PrefixLMTask, MIXED, "plain"), (MaskedLMTask, MIXED, "plain"),
-    (ClassificationTask, MIXED, "plain"), (TranslationTask, MIXED, "chunked"),
-])
-def test_sharded_step_equals_single_device_step(mesh_shape, task_class, attention_impl, tiny_config,
-                                               synthetic_batch, run_steps):
+@pytest.mark.parametrize("task_class,mesh_shape,model_overrides", [
+    (TranslationTask, DATA_8, {}), (TranslationTask, MIXED, {}),
+    (CausalLMTask, DATA_8, {}), (CausalLMTask, MIXED, {}),
+    (PrefixLMTask, MIXED, {}), (MaskedLMTask, MIXED, {}),
+    (ClassificationTask, MIXED, {}), (TranslationTask, MIXED, CHUNKED),
+    (CausalLMTask, MIXED, VARIANTS),
+], ids=lambda value: "-".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict)
+   else None)
+def test_sharded_step_equals_single_device_step(mesh_shape, task_class, model_overrides,
+                                               tiny_config, synthetic_batch, run_steps):
   config = tiny_config()
   config.model.dropout_rate = 0.1  # Dropout bits must not depend on the sharding either.
-  if attention_impl == "chunked":  # Several blocks, heads split by the tensor axis.
-    config.model.update(attention_impl="chunked", attention_block_size=4,
-                        attention_dropout_rate=0.1)
+  config.model.update(model_overrides)
   config.text_side = "pair"  # masked_lm: both halves (the others read what they need).
   batches = [synthetic_batch(seed=s) for s in range(2)]
   single, single_metrics = run_steps(config, sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1]), batches, task_class)

@@ -83,8 +83,17 @@ def model_spec(config: ModelConfig, params: dict, tokens: list[str]) -> Any:
   if config.d_k != config.d_model // config.num_heads or config.d_v != config.d_k:
     raise UserError(f"d_k={config.d_k}, d_v={config.d_v} with d_model={config.d_model} and "
                     f"{config.num_heads} heads: CTranslate2 needs d_k = d_v = d_model / heads")
-  activation = {"relu": specs.Activation.RELU, "gelu": specs.Activation.GELU,
-                "swish": specs.Activation.SWISH}[config.activation]
+  if config.norm_type != "layernorm" or config.attention_scale:
+    raise UserError("CTranslate2's encoder-decoder has LayerNorm and a 1/sqrt(d_k) attention "
+                    "scale; export a model with config.model.norm_type='layernorm' and "
+                    "attention_scale=0")
+  activations = {"relu": specs.Activation.RELU, "gelu": specs.Activation.GELU,
+                 "swish": specs.Activation.SWISH}
+  if config.activation not in activations:
+    raise UserError(f"config.model.activation={config.activation!r} has no CTranslate2 "
+                    f"encoder-decoder equivalent; export a model with one of "
+                    f"{', '.join(activations)}")
+  activation = activations[config.activation]
   spec = specs.TransformerSpec.from_config(
       (config.num_encoder_layers, config.num_decoder_layers), config.num_heads,
       pre_norm=config.norm == "pre", activation=activation)

@@ -206,6 +206,14 @@ class MultiHeadAttention(nn.Module):
   matmul_dtype: Any = None
   use_bias: bool = False
   quantize: str = ""  # "int8": the projections run through precision.int8_matmul (inference).
+  scale: float = 0.0  # The factor of QKᵀ; 0: 1/√d_k (§3.2.1).
+
+  def _scaled(self, query: Array) -> Array:
+    """The query times scale·√d_k, so that every implementation's 1/√d_k makes QKᵀ·scale;
+    unchanged for the paper's 1/√d_k (scale 0)."""
+    if not self.scale:
+      return query
+    return query * jnp.asarray(self.scale * self.d_k ** 0.5, query.dtype)
 
   @property
   def _operand_dtype(self) -> Any:
@@ -301,7 +309,7 @@ class MultiHeadAttention(nn.Module):
       else:
         (query,) = self._project(inputs_q, (("query", self.d_k),))
         key, value = self._project(inputs_kv, key_value)
-      query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+      query = nn.with_logical_constraint(self._scaled(query), ("batch", "length", "heads", "kv"))
       use_dropout = self.dropout_rate > 0.0 and train
       if self.implementation == "plain":
         weights = dot_product_attention_weights(
@@ -377,6 +385,7 @@ class MultiHeadAttention(nn.Module):
           to_cache_layout(new_key), to_cache_layout(new_value),
           None if mask is None else mask.explicit,
       )
+    query = self._scaled(query)
     # A cache with one row per sentence serves all of that sentence's beams:
     # the beams become extra query positions of that row.
     rows, q_len = query.shape[:2]

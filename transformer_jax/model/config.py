@@ -21,7 +21,11 @@ from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS, WITH_ATTE
 from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS
 
 NORM_PLACEMENTS = ("post", "pre")
-ACTIVATIONS = ("relu", "gelu", "swish")  # swish = SiLU, x·sigmoid(x); gelu: the exact (erf) one.
+NORM_TYPES = ("layernorm", "rmsnorm")
+# swish = SiLU, x·sigmoid(x); gelu: the exact (erf) one. Gated (Shazeer, 2020): swiglu =
+# swish(x W_gate) ⊙ x W1, geglu = gelu(x W_gate) ⊙ x W1 with GELU's tanh form (T5 v1.1, Gemma).
+ACTIVATIONS = ("relu", "gelu", "swish", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MATMUL_DTYPES = ("", "auto") + tuple(DTYPES)  # "": the compute dtype.
 DROPOUT_RATES = ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate")
@@ -31,6 +35,7 @@ _CHOICES = {
     "sinusoid_layout": SINUSOID_LAYOUTS,
     "activation": ACTIVATIONS,
     "norm": NORM_PLACEMENTS,
+    "norm_type": NORM_TYPES,
     "attention_impl": ATTENTION_IMPLEMENTATIONS,
     "dtype": tuple(DTYPES),
     "matmul_dtype": MATMUL_DTYPES,
@@ -64,12 +69,17 @@ class ModelConfig:
   positions: str = "sinusoidal"   # "sinusoidal" | "learned" | "none".
   sinusoid_layout: str = "interleaved"  # sin/cos in even/odd channels (§3.5); "concatenated":
                                         # all sines, then all cosines (Marian, fairseq).
-  activation: str = "relu"        # Of the feed-forward network (§3.3); Marian: "swish".
+  activation: str = "relu"        # Of the feed-forward network (§3.3); Marian: "swish";
+                                  # "swiglu" | "geglu": gated, d_ff stays the hidden width.
   attention_bias: bool = False    # Biases on the attention projections (Marian has them).
   logits_bias: bool = False       # A bias on the output logits (Marian's final_logits_bias).
   max_len: int = 512              # Learned positions only; sinusoids have no limit.
   norm: str = "post"              # "post" (the paper) | "pre".
+  norm_type: str = "layernorm"    # "layernorm" (the paper) | "rmsnorm" (x / RMS(x) · g, no mean
+                                  # and no bias; T5, LLaMA, Gemma).
   layer_norm_epsilon: float = 1e-6
+  attention_scale: float = 0.0    # The factor of QKᵀ; 0: 1/√d_k (§3.2.1), which keeps the
+                                  # softmax out of saturation as d_k grows.
   attention_impl: str = "plain"   # "plain" | "xla" | "chunked" | "pallas" | "cudnn" (attention.py).
   attention_block_size: int = 512  # Queries and keys per block of attention_impl="chunked".
   dtype: str = "float32"          # Compute dtype; parameters stay float32.
@@ -90,6 +100,9 @@ class ModelConfig:
       value = getattr(self, key)
       if not isinstance(value, int) or value < 1:
         raise UserError(f"config.model.{key}={value!r} must be a positive integer")
+    if not self.attention_scale >= 0:
+      raise UserError(f"config.model.attention_scale={self.attention_scale!r} must be >= 0 "
+                      "(0: 1/sqrt(d_k), the paper's)")
     for key in DROPOUT_RATES:
       if not 0.0 <= getattr(self, key) < 1.0:
         raise UserError(f"config.model.{key}={getattr(self, key)!r} must be in [0, 1)")
@@ -149,7 +162,7 @@ class ModelConfig:
     if unknown:
       raise UserError(f"unknown key config.model.{unknown[0]}; valid keys are: "
                       + ", ".join(sorted(known)))
-    for key in (*DROPOUT_RATES, "layer_norm_epsilon"):
+    for key in (*DROPOUT_RATES, "layer_norm_epsilon", "attention_scale"):
       if key in values and isinstance(values[key], int) and not isinstance(values[key], bool):
         values[key] = float(values[key])
     for key in ("share_embeddings", "tie_output", "attention_bias", "logits_bias"):

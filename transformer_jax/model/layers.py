@@ -18,7 +18,7 @@ from flax import linen as nn
 
 from transformer_jax.model import precision
 from transformer_jax.model.attention import MultiHeadAttention
-from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.config import GATED_ACTIVATIONS, ModelConfig
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.positions import PositionalEncoding
@@ -115,11 +115,18 @@ ACTIVATION_FUNCTIONS = {
     "relu": nn.relu,
     "gelu": functools.partial(nn.gelu, approximate=False),
     "swish": nn.swish,
+    # The gates of the gated activations (config.GATED_ACTIVATIONS).
+    "swiglu": nn.swish,
+    "geglu": functools.partial(nn.gelu, approximate=True),
 }
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2  (§3.3); max(0, ·) is `config.activation`."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2  (§3.3); max(0, ·) is `config.activation`.
+
+  A gated activation (swiglu, geglu) computes act(x W_gate + b_gate) ⊙ (x W1 + b1) in
+  place of act(x W1 + b1), with W_gate ("wi_gate") of W1's shape.
+  """
 
   config: ModelConfig
 
@@ -128,7 +135,11 @@ class FeedForward(nn.Module):
     """[batch, length, d_model] -> [batch, length, d_model]."""
     config = self.config
     hidden = dense(config, config.d_ff, ("embed", "mlp"), "wi")(inputs)
-    hidden = ACTIVATION_FUNCTIONS[config.activation](hidden)
+    if config.activation in GATED_ACTIVATIONS:
+      gate = dense(config, config.d_ff, ("embed", "mlp"), "wi_gate")(inputs)
+      hidden = ACTIVATION_FUNCTIONS[config.activation](gate) * hidden
+    else:
+      hidden = ACTIVATION_FUNCTIONS[config.activation](hidden)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "mlp"))
     hidden = Dropout(config.relu_dropout_rate)(hidden, deterministic=not train)
     return dense(config, config.d_model, ("mlp", "embed"), "wo")(hidden)
@@ -155,11 +166,17 @@ class SublayerConnection(nn.Module):
     return nn.with_logical_constraint(outputs, ACTIVATION)
 
 
-def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: ModelConfig, name: str) -> nn.Module:
+  """The normalisation `config.norm_type` names: LayerNorm (scale and bias) or RMSNorm
+  (x / √(mean(x²) + ε) · scale)."""
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, ("embed",))
+  if config.norm_type == "rmsnorm":
+    return nn.RMSNorm(epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
+                      scale_init=scale_init, name=name)
   return nn.LayerNorm(
       epsilon=config.layer_norm_epsilon,
       dtype=config.compute_dtype,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+      scale_init=scale_init,
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
       name=name,
   )
@@ -178,6 +195,7 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       matmul_dtype=config.matmul_operand_dtype,
       use_bias=config.attention_bias,
       quantize=config.quantize,
+      scale=config.attention_scale,
       name=name,
   )
 

@@ -1,0 +1,151 @@
+"""The descendants' block variants: RMSNorm, gated feed-forward layers (SwiGLU, GeGLU) and the
+attention scale as a key. Each equals its formula, computed here independently, and keeps
+what the paper's blocks guarantee: cached decoding equals the full recompute, chunked
+attention equals plain in outputs and gradients."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from transformer_jax.errors import UserError
+from transformer_jax.model.attention import MultiHeadAttention
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.decoder_only import DecoderOnly
+from transformer_jax.model.layers import FeedForward, layer_norm
+from transformer_jax.model.masking import AttentionMask
+from transformer_jax.model.transformer import Transformer, shift_right
+from transformer_jax.special_tokens import EOS_ID
+
+SRC = jnp.array([[5, 6, 7, 8, 9, EOS_ID], [10, 11, 12, EOS_ID, 0, 0]])
+TARGETS = jnp.array([[20, 21, 22, 23, EOS_ID], [24, 25, 26, EOS_ID, 0]])
+VARIANTS = {
+    "rmsnorm": dict(norm_type="rmsnorm"),
+    "rmsnorm_pre": dict(norm_type="rmsnorm", norm="pre"),
+    "swiglu": dict(activation="swiglu"),
+    "geglu": dict(activation="geglu"),
+    "attention_scale": dict(attention_scale=0.5),
+}
+
+
+def _config(tiny_model_config, **overrides) -> ModelConfig:
+  tiny_model_config.update(overrides)
+  return ModelConfig.from_config(tiny_model_config)
+
+
+def test_rmsnorm_divides_by_the_root_mean_square_and_has_no_bias(tiny_model_config):
+  config = _config(tiny_model_config, norm_type="rmsnorm", layer_norm_epsilon=1e-6)
+  x = np.random.default_rng(0).standard_normal((2, 3, config.d_model)).astype(np.float32) * 3
+  norm = layer_norm(config, "norm")
+  params = norm.init(jax.random.key(0), x)["params"]
+  assert set(params) == {"scale"}
+  scale = np.random.default_rng(1).standard_normal(config.d_model).astype(np.float32)
+  got = norm.apply({"params": {"scale": scale}}, x)
+  want = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + 1e-6) * scale
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+def test_a_gated_feed_forward_layer_equals_its_formula(tiny_model_config, activation):
+  config = _config(tiny_model_config, activation=activation)
+  x = np.random.default_rng(0).standard_normal((2, 3, config.d_model)).astype(np.float32)
+  ffn = FeedForward(config)
+  params = jax.tree.map(np.asarray, nn.unbox(ffn.init(jax.random.key(0), x, train=False)["params"]))
+  assert set(params) == {"wi", "wi_gate", "wo"}
+  assert params["wi_gate"]["kernel"].shape == (config.d_model, config.d_ff)
+  linear = lambda name, h: h @ params[name]["kernel"] + params[name]["bias"]
+  gate = linear("wi_gate", x)
+  if activation == "swiglu":
+    gated = gate / (1 + np.exp(-gate))
+  else:  # GELU, tanh form.
+    gated = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+  want = linear("wo", gated * linear("wi", x))
+  np.testing.assert_allclose(ffn.apply({"params": params}, x, train=False), want,
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["plain", "chunked"])
+def test_the_attention_scale_multiplies_the_scores(implementation):
+  """softmax(s·QKᵀ)V for s = 0.5, against NumPy; s = 0 is the paper's 1/√d_k."""
+  heads, depth, d_model = 2, 4, 8
+  x = np.random.default_rng(0).standard_normal((2, 5, d_model)).astype(np.float32)
+  mask = AttentionMask.self_attention(jnp.ones((2, 5), jnp.int32), None, causal=True)
+
+  def attention(scale):
+    return MultiHeadAttention(num_heads=heads, d_k=depth, d_v=depth, d_model=d_model,
+                              implementation=implementation, block_size=2, scale=scale)
+
+  params = jax.tree.map(np.asarray,
+                        nn.unbox(attention(0.0).init(jax.random.key(0), x, x, mask)["params"]))
+
+  def reference(scale):
+    q, k, v = (np.einsum("bld,dhk->blhk", x, params[name]) for name in ("query", "key", "value"))
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    scores = np.where(np.tril(np.ones((5, 5), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd,hdm->bqm", weights, v, params["out"])
+
+  for scale, expected_scale in ((0.5, 0.5), (0.0, depth ** -0.5)):
+    got = attention(scale).apply({"params": params}, x, x, mask)
+    np.testing.assert_allclose(got, reference(expected_scale), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cached_decoding_equals_full_recomputation(tiny_model_config, step_by_step_logits,
+                                                   variant):
+  model = Transformer(_config(tiny_model_config, **VARIANTS[variant]))
+  inputs = shift_right(TARGETS)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), SRC, inputs)["params"])
+  full = jax.jit(model.apply)({"params": params}, SRC, inputs)
+  incremental = jax.jit(lambda p: step_by_step_logits(model, p, SRC, inputs))(params)
+  valid = np.asarray(TARGETS != 0)
+  np.testing.assert_allclose(np.asarray(incremental)[valid], np.asarray(full)[valid],
+                             atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_variant(
+    tiny_model_config):
+  """All variants at once in a decoder-only model (causal), chunked in blocks of 2."""
+  combined = dict(norm_type="rmsnorm", norm="pre", activation="swiglu", attention_scale=0.3)
+  tokens = jnp.array([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 0, 0, 0]])
+  plain = DecoderOnly(_config(tiny_model_config.copy_and_resolve_references(), **combined))
+  chunked = DecoderOnly(_config(tiny_model_config, **combined, attention_impl="chunked",
+                                attention_block_size=2))
+  params = nn.unbox(jax.jit(plain.init)(jax.random.key(0), tokens)["params"])
+
+  def loss(model, p):
+    return jnp.mean(jax.nn.log_softmax(model.apply({"params": p}, tokens))[..., 3] ** 2)
+
+  for a, b in ((plain.apply({"params": params}, tokens),
+                chunked.apply({"params": params}, tokens)),
+               *zip(jax.tree.leaves(jax.grad(lambda p: loss(plain, p))(params)),
+                    jax.tree.leaves(jax.grad(lambda p: loss(chunked, p))(params)))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(norm_type="batchnorm"), "config.model.norm_type='batchnorm' is not one of layernorm, "
+                                  "rmsnorm"),
+    (dict(activation="reglu"), "config.model.activation='reglu' is not one of"),
+    (dict(attention_scale=-1.0), "config.model.attention_scale=-1.0 must be >= 0"),
+])
+def test_a_bad_variant_is_one_line(tiny_model_config, overrides, message):
+  with pytest.raises(UserError) as error:
+    _config(tiny_model_config, **overrides)
+  assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("overrides", [dict(norm_type="rmsnorm"), dict(activation="geglu"),
+                                       dict(attention_scale=0.5)])
+def test_the_ctranslate2_export_refuses_a_variant_it_cannot_express(tiny_model_config, overrides):
+  from transformer_jax.interop.ctranslate2_export import model_spec
+
+  with pytest.raises(UserError) as error:
+    model_spec(_config(tiny_model_config, **overrides), {}, [])
+  assert "\n" not in str(error.value)
