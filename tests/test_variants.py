@@ -1,5 +1,5 @@
-"""The descendants' block variants: RMSNorm, gated feed-forward layers (SwiGLU, GeGLU) and the
-attention scale as a key. Each equals its formula, computed here independently, and keeps
+"""The descendants' block variants: RMSNorm, gated feed-forward layers (SwiGLU, GeGLU), the
+attention scale as a key and rotary positions (RoPE). Each equals its formula, computed here independently, and keeps
 what the paper's blocks guarantee: cached decoding equals the full recompute, chunked
 attention equals plain in outputs and gradients."""
 
@@ -13,14 +13,17 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from transformer_jax.decode import prefix_lm
 from transformer_jax.errors import UserError
 from transformer_jax.model.attention import MultiHeadAttention
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.model.layers import FeedForward, layer_norm
 from transformer_jax.model.masking import AttentionMask
+from transformer_jax.model.positions import rotary
 from transformer_jax.model.transformer import Transformer, shift_right
-from transformer_jax.special_tokens import EOS_ID
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
+from transformer_jax.tasks.rows import pair_rows
 
 SRC = jnp.array([[5, 6, 7, 8, 9, EOS_ID], [10, 11, 12, EOS_ID, 0, 0]])
 TARGETS = jnp.array([[20, 21, 22, 23, EOS_ID], [24, 25, 26, EOS_ID, 0]])
@@ -30,6 +33,8 @@ VARIANTS = {
     "swiglu": dict(activation="swiglu"),
     "geglu": dict(activation="geglu"),
     "attention_scale": dict(attention_scale=0.5),
+    "rope": dict(positions="rope"),
+    "rope_half_the_channels": dict(positions="rope", rope_fraction=0.5, rope_theta=100.0),
 }
 
 
@@ -112,7 +117,8 @@ def test_cached_decoding_equals_full_recomputation(tiny_model_config, step_by_st
 def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_variant(
     tiny_model_config):
   """All variants at once in a decoder-only model (causal), chunked in blocks of 2."""
-  combined = dict(norm_type="rmsnorm", norm="pre", activation="swiglu", attention_scale=0.3)
+  combined = dict(norm_type="rmsnorm", norm="pre", activation="swiglu", attention_scale=0.3,
+                  positions="rope", rope_fraction=0.5)
   tokens = jnp.array([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 0, 0, 0]])
   plain = DecoderOnly(_config(tiny_model_config.copy_and_resolve_references(), **combined))
   chunked = DecoderOnly(_config(tiny_model_config, **combined, attention_impl="chunked",
@@ -134,6 +140,9 @@ def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_varia
                                   "rmsnorm"),
     (dict(activation="reglu"), "config.model.activation='reglu' is not one of"),
     (dict(attention_scale=-1.0), "config.model.attention_scale=-1.0 must be >= 0"),
+    (dict(positions="rope", rope_fraction=0.0), "config.model.rope_fraction=0.0 must be in (0, 1]"),
+    (dict(positions="rope", rope_fraction=0.2), "rope_fraction=0.2 of d_k=8 turns no channel pair"),
+    (dict(positions="rope", rope_theta=0.0), "config.model.rope_theta=0.0 must be > 0"),
 ])
 def test_a_bad_variant_is_one_line(tiny_model_config, overrides, message):
   with pytest.raises(UserError) as error:
@@ -149,3 +158,38 @@ def test_the_ctranslate2_export_refuses_a_variant_it_cannot_express(tiny_model_c
   with pytest.raises(UserError) as error:
     model_spec(_config(tiny_model_config, **overrides), {}, [])
   assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_rotary_scores_depend_on_the_offset_only(fraction):
+  """q(m)·k(n) after turning equals q(m + c)·k(n + c); channels past the fraction stay."""
+  rng = np.random.default_rng(0)
+  query, key = (jnp.asarray(rng.standard_normal((1, 6, 2, 8)), jnp.float32) for _ in range(2))
+  positions = jnp.arange(6)[None]
+  scores = lambda shift: jnp.einsum("bqhd,bkhd->bhqk", rotary(query, positions + shift, 10_000.0,
+                                                              fraction),
+                                    rotary(key, positions + shift, 10_000.0, fraction))
+  np.testing.assert_allclose(scores(0), scores(37), rtol=1e-4, atol=1e-4)
+  assert not np.allclose(scores(0), jnp.einsum("bqhd,bkhd->bhqk", query, key), atol=1e-2)
+  turned = rotary(query, positions, 10_000.0, fraction)
+  kept = int(8 * fraction)
+  np.testing.assert_array_equal(turned[..., kept:], query[..., kept:])
+  np.testing.assert_array_equal(turned[:, 0], query[:, 0])  # Position 0 turns by 0.
+
+
+def test_a_rotary_prefix_lm_decodes_from_its_cache_as_the_full_model(tiny_model_config):
+  """Prompts of two lengths: slots and positions part ways, and keys are cached turned."""
+  model = DecoderOnly(_config(tiny_model_config, positions="rope"))
+  params = nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"])
+  sources = jnp.array([[5, 6, 7, 8, EOS_ID], [9, 10, EOS_ID, PAD_ID, PAD_ID]])
+  targets = jnp.array([[11, 12, 13, EOS_ID], [14, 15, 16, 17]])
+  rows = pair_rows(dict(src_tokens=sources, target_tokens=targets), shift_right(targets))
+  expected = model.apply({"params": params}, rows.tokens, positions=rows.positions,
+                         prefix=rows.prefix)[:, sources.shape[1]:]
+  _, cache = prefix_lm.prefill(model, params, sources, sources.shape[1] + targets.shape[1],
+                               prefix_lm=True)
+  step = prefix_lm.step_logits(model, params, sources)
+  inputs = shift_right(targets)
+  for t in range(targets.shape[1]):
+    logits, cache = step(inputs[:, t:t + 1], cache, jnp.int32(t))
+    np.testing.assert_allclose(logits, expected[:, t], atol=2e-5, rtol=2e-5)

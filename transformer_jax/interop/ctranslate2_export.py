@@ -77,9 +77,10 @@ def model_spec(config: ModelConfig, params: dict, tokens: list[str]) -> Any:
   """CTranslate2's TransformerSpec holding `params` of an encoder-decoder of `config`."""
   ctranslate2 = _ctranslate2()
   specs = ctranslate2.specs
-  if config.positions == "none":
-    raise UserError("config.model.positions='none' has no CTranslate2 equivalent; export a "
-                    "model with sinusoidal or learned positions")
+  if config.positions not in ("sinusoidal", "learned"):
+    raise UserError(f"config.model.positions={config.positions!r} has no CTranslate2 "
+                    "encoder-decoder equivalent; export a model with sinusoidal or learned "
+                    "positions")
   if config.d_k != config.d_model // config.num_heads or config.d_v != config.d_k:
     raise UserError(f"d_k={config.d_k}, d_v={config.d_v} with d_model={config.d_model} and "
                     f"{config.num_heads} heads: CTranslate2 needs d_k = d_v = d_model / heads")

@@ -36,6 +36,7 @@ from transformer_jax.model.dropout import Dropout, keep_mask
 from transformer_jax.model.flash_attention import pallas_attention
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.platform import compiling_for_local_devices, platform_in_force
+from transformer_jax.model.positions import rotary
 
 Array = jax.Array
 
@@ -207,6 +208,18 @@ class MultiHeadAttention(nn.Module):
   use_bias: bool = False
   quantize: str = ""  # "int8": the projections run through precision.int8_matmul (inference).
   scale: float = 0.0  # The factor of QKᵀ; 0: 1/√d_k (§3.2.1).
+  rope_theta: float = 0.0  # > 0: rotary positions on self-attention (positions.rotary).
+  rope_fraction: float = 1.0
+
+  def _rotated(self, query: Array, key: Array, positions: Array | None
+               ) -> tuple[Array, Array]:
+    """Self-attention's query and key turned by their positions where `rope_theta` asks."""
+    if not self.rope_theta:
+      return query, key
+    if positions is None:
+      raise ValueError("rotary positions need the tokens' positions: pass positions=")
+    return (rotary(query, positions, self.rope_theta, self.rope_fraction),
+            rotary(key, positions, self.rope_theta, self.rope_fraction))
 
   def _scaled(self, query: Array) -> Array:
     """The query times scale·√d_k, so that every implementation's 1/√d_k makes QKᵀ·scale;
@@ -277,6 +290,7 @@ class MultiHeadAttention(nn.Module):
       train: bool = False,
       decode: bool = False,
       cross_attention: bool = False,
+      positions: Array | None = None,
   ) -> Array:
     """Attends from `inputs_q` to `inputs_kv`.
 
@@ -296,16 +310,19 @@ class MultiHeadAttention(nn.Module):
         k slots a position (`_update_self_attention_cache`), and `mask` must
         say which slots each beam sees.
       cross_attention: whether keys/values come from the encoder.
+      positions: int[batch, q_len], the tokens' positions: self-attention turns its
+        queries and keys by them under rotary positions (`rope_theta` > 0).
 
     Returns:
       [batch, q_len, d_model].
     """
     key_value = (("key", self.d_k), ("value", self.d_v))
     if decode:
-      attended = self._decode_attention(inputs_q, inputs_kv, mask, cross_attention)
+      attended = self._decode_attention(inputs_q, inputs_kv, mask, cross_attention, positions)
     else:
       if inputs_kv is inputs_q:
         query, key, value = self._project(inputs_q, (("query", self.d_k),) + key_value)
+        query, key = self._rotated(query, key, positions)
       else:
         (query,) = self._project(inputs_q, (("query", self.d_k),))
         key, value = self._project(inputs_kv, key_value)
@@ -340,7 +357,7 @@ class MultiHeadAttention(nn.Module):
 
   def _decode_attention(
       self, inputs_q: Array, inputs_kv: Array | None, mask: AttentionMask | None,
-      cross_attention: bool
+      cross_attention: bool, positions: Array | None = None
   ) -> Array:
     """Attention against the cache, [batch, q_len, heads, d_v].
 
@@ -381,6 +398,7 @@ class MultiHeadAttention(nn.Module):
         raise ValueError("a decoding step's self-attention mask names cache slots: "
                          "AttentionMask.from_dense(bool[rows, 1, length, cache_len])")
       query, new_key, new_value = self._project(inputs_q, (("query", self.d_k),) + key_value)
+      query, new_key = self._rotated(query, new_key, positions)  # Keys cached turned.
       key, value, mask = self._update_self_attention_cache(
           to_cache_layout(new_key), to_cache_layout(new_value),
           None if mask is None else mask.explicit,

@@ -18,7 +18,7 @@ import ml_collections
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS, WITH_ATTENTION_DROPOUT
-from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS
+from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS, rotary_dims
 
 NORM_PLACEMENTS = ("post", "pre")
 NORM_TYPES = ("layernorm", "rmsnorm")
@@ -66,7 +66,11 @@ class ModelConfig:
   dropout_rate: float = 0.1       # P_drop on sub-layer outputs and embeddings (§5.4).
   attention_dropout_rate: float = 0.0
   relu_dropout_rate: float = 0.0
-  positions: str = "sinusoidal"   # "sinusoidal" | "learned" | "none".
+  positions: str = "sinusoidal"   # "sinusoidal" | "learned" | "none" | "rope" (rotary, on the
+                                  # self-attention queries and keys; positions.rotary).
+  rope_theta: float = 10_000.0    # RoPE's base θ.
+  rope_fraction: float = 1.0      # RoPE: the fraction of each head's channels turned (GPT-NeoX:
+                                  # 0.25); the rest carry no position.
   sinusoid_layout: str = "interleaved"  # sin/cos in even/odd channels (§3.5); "concatenated":
                                         # all sines, then all cosines (Marian, fairseq).
   activation: str = "relu"        # Of the feed-forward network (§3.3); Marian: "swish";
@@ -100,6 +104,10 @@ class ModelConfig:
       value = getattr(self, key)
       if not isinstance(value, int) or value < 1:
         raise UserError(f"config.model.{key}={value!r} must be a positive integer")
+    if not self.rope_theta > 0:
+      raise UserError(f"config.model.rope_theta={self.rope_theta!r} must be > 0 (LLaMA: 10000)")
+    if not 0 < self.rope_fraction <= 1:
+      raise UserError(f"config.model.rope_fraction={self.rope_fraction!r} must be in (0, 1]")
     if not self.attention_scale >= 0:
       raise UserError(f"config.model.attention_scale={self.attention_scale!r} must be >= 0 "
                       "(0: 1/sqrt(d_k), the paper's)")
@@ -126,6 +134,9 @@ class ModelConfig:
     if resolved["d_k"] < 0 or resolved["d_v"] < 0:
       raise UserError(f"config.model.d_k={resolved['d_k']} and d_v={resolved['d_v']} must be "
                       "positive")
+    if self.positions == "rope" and rotary_dims(resolved["d_k"], self.rope_fraction) < 2:
+      raise UserError(f"config.model.rope_fraction={self.rope_fraction} of d_k={resolved['d_k']} "
+                      "turns no channel pair; raise rope_fraction")
     if self.share_embeddings and resolved["source_vocab_size"] != self.vocab_size:
       raise UserError(
           f"config.model.source_vocab_size={resolved['source_vocab_size']} differs from "
@@ -162,7 +173,8 @@ class ModelConfig:
     if unknown:
       raise UserError(f"unknown key config.model.{unknown[0]}; valid keys are: "
                       + ", ".join(sorted(known)))
-    for key in (*DROPOUT_RATES, "layer_norm_epsilon", "attention_scale"):
+    for key in (*DROPOUT_RATES, "layer_norm_epsilon", "attention_scale", "rope_theta",
+                "rope_fraction"):
       if key in values and isinstance(values[key], int) and not isinstance(values[key], bool):
         values[key] = float(values[key])
     for key in ("share_embeddings", "tie_output", "attention_bias", "logits_bias"):

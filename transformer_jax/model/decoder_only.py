@@ -11,6 +11,7 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.layers import (
     decoder_layer,
+    default_positions,
     embed_tokens,
     layer_norm,
     vocabulary_logits,
@@ -52,6 +53,8 @@ class DecoderOnly(nn.Module):
     own); slots and positions differ when a batch's prompts differ in length.
     """
     config = self.config
+    if positions is None:
+      positions = default_positions(tokens)
     token_embedding, x = embed_tokens(config, tokens, positions, train)
     if decode:
       mask = AttentionMask.from_dense(cache_mask)
@@ -59,7 +62,7 @@ class DecoderOnly(nn.Module):
       mask = AttentionMask.self_attention(tokens, segment_ids, causal=True, prefix=prefix)
     for i in range(config.num_decoder_layers):
       x = decoder_layer(config, f"decoder_{i}", cross_attention=False)(
-          x, None, mask, None, train, decode)
+          x, None, mask, None, train, decode, positions)
     if config.norm == "pre":
       x = layer_norm(config, "decoder_norm")(x)
     return vocabulary_logits(config, token_embedding, x)

@@ -12,6 +12,7 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
+    default_positions,
     dense,
     embed_tokens,
     encoder_layer,
@@ -56,10 +57,12 @@ class EncoderOnly(nn.Module):
   ) -> Array:
     """int[batch, length] -> float32 logits ([batch, length, vocab] or [batch, classes])."""
     config = self.config
+    if positions is None:
+      positions = default_positions(tokens)
     token_embedding, x = embed_tokens(config, tokens, positions, train)
     mask = AttentionMask.self_attention(tokens, segment_ids, causal=False)
     for i in range(config.num_encoder_layers):
-      x = encoder_layer(config, f"encoder_{i}")(x, mask, train)
+      x = encoder_layer(config, f"encoder_{i}")(x, mask, train, positions)
     if config.norm == "pre":
       x = layer_norm(config, "encoder_norm")(x)
     if self.head == "classify":

@@ -196,6 +196,8 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       use_bias=config.attention_bias,
       quantize=config.quantize,
       scale=config.attention_scale,
+      rope_theta=config.rope_theta if config.positions == "rope" else 0.0,
+      rope_fraction=config.rope_fraction,
       name=name,
   )
 
@@ -206,12 +208,13 @@ class EncoderLayer(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, inputs: Array, mask: AttentionMask | None, train: bool) -> Array:
-    """[batch, src_len, d_model] -> same."""
+  def __call__(self, inputs: Array, mask: AttentionMask | None, train: bool,
+               positions: Array | None = None) -> Array:
+    """[batch, src_len, d_model] -> same; `positions` int[batch, src_len] (rotary positions)."""
     self_attention = multi_head_attention(self.config, "self_attention")
     feed_forward = FeedForward(self.config, name="feed_forward")
     x = SublayerConnection(self.config, name="self_attention_block")(
-        inputs, lambda h: self_attention(h, h, mask, train=train), train
+        inputs, lambda h: self_attention(h, h, mask, train=train, positions=positions), train
     )
     return SublayerConnection(self.config, name="feed_forward_block")(
         x, lambda h: feed_forward(h, train), train
@@ -220,14 +223,15 @@ class EncoderLayer(nn.Module):
 
 def encoder_layer(config: ModelConfig, name: str) -> nn.Module:
   """An EncoderLayer, rematerialised in the backward pass where `config.remat` says so.
-  Call it with positional arguments (inputs, mask, train)."""
+  Call it with positional arguments (inputs, mask, train, positions)."""
   layer = nn.remat(EncoderLayer, static_argnums=(3,)) if config.remat else EncoderLayer
   return layer(config, name=name)
 
 
 def decoder_layer(config: ModelConfig, name: str, cross_attention: bool = True) -> nn.Module:
   """A DecoderLayer, rematerialised in the backward pass where `config.remat` says so.
-  Call it with positional arguments (inputs, encoded, self_mask, cross_mask, train, decode)."""
+  Call it with positional arguments (inputs, encoded, self_mask, cross_mask, train, decode,
+  positions)."""
   layer = nn.remat(DecoderLayer, static_argnums=(5, 6)) if config.remat else DecoderLayer
   return layer(config, cross_attention=cross_attention, name=name)
 
@@ -250,12 +254,15 @@ class DecoderLayer(nn.Module):
       cross_mask: AttentionMask | None,
       train: bool,
       decode: bool = False,
+      positions: Array | None = None,
   ) -> Array:
-    """inputs: [batch, tgt_len, d_model]; encoded: [batch, src_len, d_model]."""
+    """inputs: [batch, tgt_len, d_model]; encoded: [batch, src_len, d_model]; positions:
+    int[batch, tgt_len] (rotary positions)."""
     config = self.config
     self_attention = multi_head_attention(config, "self_attention")
     x = SublayerConnection(config, name="self_attention_block")(
-        inputs, lambda h: self_attention(h, h, self_mask, train=train, decode=decode), train
+        inputs, lambda h: self_attention(h, h, self_mask, train=train, decode=decode,
+                                         positions=positions), train
     )
     if self.cross_attention:
       cross_attention = multi_head_attention(config, "cross_attention")

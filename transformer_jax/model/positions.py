@@ -1,4 +1,5 @@
-"""Positional encodings (§3.5): sinusoids, or learned embeddings (Table 3 E)."""
+"""Positional encodings: sinusoids (§3.5) or learned embeddings (Table 3 E) added to the
+token embeddings, or rotary positions (RoPE) applied to each self-attention's queries and keys."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from flax import linen as nn
 
 Array = jax.Array
 
-POSITION_KINDS = ("sinusoidal", "learned", "none")
+POSITION_KINDS = ("sinusoidal", "learned", "none", "rope")
+# Kinds that add nothing to the embeddings ("rope" rotates queries and keys instead).
+ADDS_NOTHING = ("none", "rope")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
@@ -38,7 +41,8 @@ class PositionalEncoding(nn.Module):
   """Adds position information to token embeddings.
 
   Attributes:
-    kind: "sinusoidal" (the paper), "learned" or "none".
+    kind: "sinusoidal" (the paper), "learned", "none" or "rope" (nothing added here:
+      `rotary` turns each self-attention's queries and keys).
     d_model: embedding width.
     max_len: number of learned positions (only for "learned").
     sinusoid_layout: see `sinusoidal_encoding`.
@@ -52,7 +56,7 @@ class PositionalEncoding(nn.Module):
   @nn.compact
   def __call__(self, embeddings: Array, positions: Array) -> Array:
     """embeddings: [batch, length, d_model]; positions: int[batch, length]."""
-    if self.kind == "none":
+    if self.kind in ADDS_NOTHING:
       return embeddings
     if self.kind == "sinusoidal":
       encoding = sinusoidal_encoding(positions, self.d_model, self.sinusoid_layout)
@@ -70,3 +74,32 @@ class PositionalEncoding(nn.Module):
       )
       encoding = jnp.take(table, positions, axis=0)
     return embeddings + encoding.astype(embeddings.dtype)
+
+
+def rotary_dims(depth: int, fraction: float) -> int:
+  """The channels of a head of `depth` that rotary positions turn: `fraction` of them, even."""
+  return int(depth * fraction) // 2 * 2
+
+
+def rotary(x: Array, positions: Array, theta: float, fraction: float = 1.0) -> Array:
+  """Rotary position embedding (RoPE; Su et al., 2021) of queries or keys.
+
+  Channel pairs (i, i + r/2) of the first r = `rotary_dims(depth, fraction)` channels of
+  each head turn by the angle position · θ^(-2i/r) (GPT-NeoX's layout); the other channels
+  pass unchanged. A query at position m and a key at position n then score
+  q·R(n - m)·k: the product depends on their offset only.
+
+  Args:
+    x: [batch, length, heads, depth].
+    positions: int[batch, length].
+  """
+  rotated = rotary_dims(x.shape[-1], fraction)
+  half = rotated // 2
+  inverse_frequency = jnp.asarray(
+      theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rotated), jnp.float32)
+  angles = positions.astype(jnp.float32)[..., None] * inverse_frequency  # [batch, length, half]
+  cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+  first = x[..., :half].astype(jnp.float32)
+  second = x[..., half:rotated].astype(jnp.float32)
+  turned = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  return jnp.concatenate([turned.astype(x.dtype), x[..., rotated:]], axis=-1)

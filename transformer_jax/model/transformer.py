@@ -93,7 +93,7 @@ class Transformer(nn.Module):
     x = self.embed_source(src_tokens, src_positions, train)
     mask = AttentionMask.self_attention(src_tokens, src_segment_ids, causal=False)
     for layer in self.encoder_layers:
-      x = layer(x, mask, train)
+      x = layer(x, mask, train, src_positions)
     if self.config.norm == "pre":
       x = self.encoder_norm(x)
     return x
@@ -130,7 +130,7 @@ class Transformer(nn.Module):
         target_input_tokens, target_segment_ids, causal=True
     )
     for layer in self.decoder_layers:
-      x = layer(x, encoded, self_mask, cross_mask, train, decode)
+      x = layer(x, encoded, self_mask, cross_mask, train, decode, target_positions)
     if self.config.norm == "pre":
       x = self.decoder_norm(x)
     return self._logits(x)
