@@ -150,6 +150,8 @@ def test_model_info_prints_bytes_per_device_for_a_mesh():
   # A pod's layout is sized without its devices; its step is not compiled here.
   pod = _model_info("--config=experiments/configs/wmt14_big.py", "--mesh=data=16,fsdp=16,tensor=4")
   assert "1024 devices" in pod and "not estimated" in pod, pod
+  # 6 decoder layers x 16 heads x (64 + 64) float32 values.
+  assert "KV cache while decoding: 49,152 bytes a token a row" in pod, pod
   assert "--config.cpu_devices=1024" in pod, pod
   # --config.cpu_devices gives this process the mesh's devices, whatever XLA_FLAGS says.
   two = _model_info("--config=experiments/configs/tiny.py", "--config.cpu_devices=2",

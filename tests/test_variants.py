@@ -1,5 +1,5 @@
 """The descendants' block variants: RMSNorm, gated feed-forward layers (SwiGLU, GeGLU), the
-attention scale as a key and rotary positions (RoPE). Each equals its formula, computed here independently, and keeps
+attention scale as a key, rotary positions (RoPE) and grouped-query attention (GQA, MQA). Each equals its formula, computed here independently, and keeps
 what the paper's blocks guarantee: cached decoding equals the full recompute, chunked
 attention equals plain in outputs and gradients."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +36,8 @@ VARIANTS = {
     "attention_scale": dict(attention_scale=0.5),
     "rope": dict(positions="rope"),
     "rope_half_the_channels": dict(positions="rope", rope_fraction=0.5, rope_theta=100.0),
+    "grouped_query": dict(num_kv_heads=2),
+    "multi_query": dict(num_kv_heads=1),
 }
 
 
@@ -108,17 +111,22 @@ def test_cached_decoding_equals_full_recomputation(tiny_model_config, step_by_st
   inputs = shift_right(TARGETS)
   params = nn.unbox(jax.jit(model.init)(jax.random.key(0), SRC, inputs)["params"])
   full = jax.jit(model.apply)({"params": params}, SRC, inputs)
-  incremental = jax.jit(lambda p: step_by_step_logits(model, p, SRC, inputs))(params)
+  incremental, cache = jax.jit(
+      lambda p: step_by_step_logits(model, p, SRC, inputs, return_cache=True))(params)
   valid = np.asarray(TARGETS != 0)
   np.testing.assert_allclose(np.asarray(incremental)[valid], np.asarray(full)[valid],
                              atol=1e-5, rtol=1e-5)
+  # The cache holds the key/value heads only: num_heads / num_kv_heads times fewer bytes.
+  cached = [leaf for path, leaf in flax.traverse_util.flatten_dict(cache).items()
+            if path[-1] in ("cached_key", "cached_value", "cross_key", "cross_value")]
+  assert cached and {leaf.shape[1] for leaf in cached} == {model.config.num_kv_heads}
 
 
 def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_variant(
     tiny_model_config):
   """All variants at once in a decoder-only model (causal), chunked in blocks of 2."""
   combined = dict(norm_type="rmsnorm", norm="pre", activation="swiglu", attention_scale=0.3,
-                  positions="rope", rope_fraction=0.5)
+                  positions="rope", rope_fraction=0.5, num_kv_heads=2)
   tokens = jnp.array([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 0, 0, 0]])
   plain = DecoderOnly(_config(tiny_model_config.copy_and_resolve_references(), **combined))
   chunked = DecoderOnly(_config(tiny_model_config, **combined, attention_impl="chunked",
@@ -143,6 +151,7 @@ def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_varia
     (dict(positions="rope", rope_fraction=0.0), "config.model.rope_fraction=0.0 must be in (0, 1]"),
     (dict(positions="rope", rope_fraction=0.2), "rope_fraction=0.2 of d_k=8 turns no channel pair"),
     (dict(positions="rope", rope_theta=0.0), "config.model.rope_theta=0.0 must be > 0"),
+    (dict(num_kv_heads=3), "config.model.num_kv_heads=3 does not divide num_heads=4"),
 ])
 def test_a_bad_variant_is_one_line(tiny_model_config, overrides, message):
   with pytest.raises(UserError) as error:
@@ -151,7 +160,8 @@ def test_a_bad_variant_is_one_line(tiny_model_config, overrides, message):
 
 
 @pytest.mark.parametrize("overrides", [dict(norm_type="rmsnorm"), dict(activation="geglu"),
-                                       dict(attention_scale=0.5)])
+                                       dict(attention_scale=0.5), dict(positions="rope"),
+                                       dict(num_kv_heads=1)])
 def test_the_ctranslate2_export_refuses_a_variant_it_cannot_express(tiny_model_config, overrides):
   from transformer_jax.interop.ctranslate2_export import model_spec
 
@@ -193,3 +203,46 @@ def test_a_rotary_prefix_lm_decodes_from_its_cache_as_the_full_model(tiny_model_
   for t in range(targets.shape[1]):
     logits, cache = step(inputs[:, t:t + 1], cache, jnp.int32(t))
     np.testing.assert_allclose(logits, expected[:, t], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("num_kv_heads", [1, 2])
+def test_grouped_query_attention_is_multi_head_attention_with_shared_keys_and_values(
+    num_kv_heads):
+  """Each key/value head, repeated for its group of query heads, gives the same output as
+  multi-head attention with those repeated kernels; num_kv_heads = num_heads is plain MHA."""
+  heads, depth, d_model = 4, 4, 16
+  x = np.random.default_rng(0).standard_normal((2, 5, d_model)).astype(np.float32)
+  mask = AttentionMask.self_attention(jnp.ones((2, 5), jnp.int32), None, causal=True)
+  grouped = MultiHeadAttention(num_heads=heads, d_k=depth, d_v=depth, d_model=d_model,
+                               num_kv_heads=num_kv_heads)
+  params = nn.unbox(grouped.init(jax.random.key(0), x, x, mask)["params"])
+  assert params["key"].shape == params["value"].shape == (d_model, num_kv_heads, depth)
+  repeated = dict(params, **{name: jnp.repeat(params[name], heads // num_kv_heads, axis=1)
+                             for name in ("key", "value")})
+  full = MultiHeadAttention(num_heads=heads, d_k=depth, d_v=depth, d_model=d_model)
+  np.testing.assert_allclose(grouped.apply({"params": params}, x, x, mask),
+                             full.apply({"params": repeated}, x, x, mask), rtol=1e-6, atol=1e-6)
+  explicit = MultiHeadAttention(num_heads=heads, d_k=depth, d_v=depth, d_model=d_model,
+                                num_kv_heads=heads)
+  np.testing.assert_array_equal(explicit.apply({"params": repeated}, x, x, mask),
+                                full.apply({"params": repeated}, x, x, mask))
+
+
+def test_a_tensor_axis_that_does_not_divide_the_kv_heads_is_one_line():
+  from transformer_jax import sharding
+
+  mesh = sharding.make_mesh(dict(data=1, fsdp=1, tensor=1), jax.devices()[:1])
+  sharding.check_tensor_divides(mesh, num_heads=4, num_kv_heads=1)  # One way: nothing split.
+  mesh = type("FakeMesh", (), {"shape": {"tensor": 2}})()
+  with pytest.raises(UserError) as error:
+    sharding.check_tensor_divides(mesh, num_heads=4, num_kv_heads=1)
+  assert str(error.value).startswith("config.mesh.tensor=2 does not divide "
+                                     "config.model.num_kv_heads=1")
+
+
+def test_the_kv_cache_per_token_falls_by_the_heads_sharing_each_kv_head(tiny_model_config):
+  from transformer_jax.model.info import kv_cache_bytes_per_token
+
+  full = kv_cache_bytes_per_token(_config(tiny_model_config.copy_and_resolve_references()))
+  assert full == 2 * 4 * (8 + 8) * 4  # 2 decoder layers x 4 heads x (d_k + d_v) x float32.
+  assert kv_cache_bytes_per_token(_config(tiny_model_config, num_kv_heads=1)) * 4 == full

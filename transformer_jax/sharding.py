@@ -162,6 +162,17 @@ def make_mesh(mesh_config: Any, devices: list | None = None) -> Mesh:
   return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 
+def check_tensor_divides(mesh: Mesh, **model_sizes: int) -> None:
+  """A one-line UserError where the tensor axis does not divide a model size it splits
+  (`check_tensor_divides(mesh, num_heads=8, num_kv_heads=2)`)."""
+  tensor = mesh.shape["tensor"]
+  for name, size in model_sizes.items():
+    if size % tensor:
+      raise UserError(f"config.mesh.tensor={tensor} does not divide config.model.{name}={size}; "
+                      f"choose a tensor axis that divides it (config.mesh.tensor=1 splits no "
+                      "heads)")
+
+
 def batch_shards(mesh: Mesh) -> int:
   """How many ways the batch is split: every global batch must divide by it."""
   return mesh.shape["data"] * mesh.shape["fsdp"]

@@ -72,7 +72,7 @@ def test_closed_form_loss_and_gradient_equal_explicit_smoothed_targets(label_smo
 CHUNKED = dict(attention_impl="chunked", attention_block_size=4, attention_dropout_rate=0.1)
 # The descendants' variants of the blocks (tests/test_variants.py), all at once.
 VARIANTS = dict(norm_type="rmsnorm", norm="pre", activation="swiglu", attention_scale=0.3,
-                positions="rope")
+                positions="rope", num_kv_heads=2)
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")

@@ -20,7 +20,8 @@ from absl import app, flags
 from transformer_jax import sharding
 from transformer_jax.cli import common
 from transformer_jax.errors import UserError, exit_on_user_error
-from transformer_jax.model.info import abstract_params, format_counts, parameter_counts
+from transformer_jax.model.info import (abstract_params, format_counts,
+                                        kv_cache_bytes_per_token, parameter_counts)
 from transformer_jax.tasks.registry import make_task
 from transformer_jax.training import footprint
 
@@ -50,6 +51,11 @@ def main(argv: list[str]) -> None:
   model = task.build_model()
   init_params = functools.partial(task.init_params, model)
   print(format_counts(parameter_counts(abstract_params(init_params))))
+  model_config = task.model_config
+  print(f"\nKV cache while decoding: {kv_cache_bytes_per_token(model_config):,} bytes a token a row "
+        f"({model_config.num_decoder_layers} decoder layers x {model_config.num_kv_heads} key/value "
+        f"heads x (d_k + d_v) in {model_config.matmul_dtype}; an encoder-decoder's cross-attention "
+        "as much again a source token)")
   if not flags.FLAGS.mesh:
     return
   sizes = parse_mesh(flags.FLAGS.mesh)

@@ -84,6 +84,10 @@ def model_spec(config: ModelConfig, params: dict, tokens: list[str]) -> Any:
   if config.d_k != config.d_model // config.num_heads or config.d_v != config.d_k:
     raise UserError(f"d_k={config.d_k}, d_v={config.d_v} with d_model={config.d_model} and "
                     f"{config.num_heads} heads: CTranslate2 needs d_k = d_v = d_model / heads")
+  if config.num_kv_heads != config.num_heads:
+    raise UserError(f"config.model.num_kv_heads={config.num_kv_heads} with {config.num_heads} "
+                    "heads: CTranslate2's encoder-decoder has one key/value head per head; "
+                    "export a model with num_kv_heads=0")
   if config.norm_type != "layernorm" or config.attention_scale:
     raise UserError("CTranslate2's encoder-decoder has LayerNorm and a 1/sqrt(d_k) attention "
                     "scale; export a model with config.model.norm_type='layernorm' and "

@@ -210,6 +210,8 @@ class MultiHeadAttention(nn.Module):
   scale: float = 0.0  # The factor of QKᵀ; 0: 1/√d_k (§3.2.1).
   rope_theta: float = 0.0  # > 0: rotary positions on self-attention (positions.rotary).
   rope_fraction: float = 1.0
+  num_kv_heads: int = 0  # Key/value heads, each shared by num_heads / num_kv_heads query heads
+                         # (grouped-query attention; 1: multi-query); 0: num_heads.
 
   def _rotated(self, query: Array, key: Array, positions: Array | None
                ) -> tuple[Array, Array]:
@@ -253,9 +255,23 @@ class MultiHeadAttention(nn.Module):
     bias = self.param(name, nn.with_logical_partitioning(nn.initializers.zeros, axes), shape)
     return jnp.asarray(bias, self.dtype)
 
+  @property
+  def _kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  def _heads_of(self, name: str) -> int:
+    """The heads of projection `name`: the query's num_heads, the keys' and values' kv heads."""
+    return self.num_heads if name == "query" else self._kv_heads
+
+  def _shared_by_groups(self, x: Array, heads_axis: int) -> Array:
+    """Keys or values of kv heads repeated for the query heads that share them."""
+    group = self.num_heads // self._kv_heads
+    return x if group == 1 else jnp.repeat(x, group, axis=heads_axis)
+
   def _input_kernel(self, name: str, depth: int) -> Array:
     """[d_model, heads, depth], stored per head (the logical axes shard heads)."""
-    return self._kernel(name, (self.d_model, self.num_heads, depth), ("embed", "heads", "kv"), (0,))
+    return self._kernel(name, (self.d_model, self._heads_of(name), depth), ("embed", "heads", "kv"),
+                        (0,))
 
   def _project(self, inputs: Array, names_and_depths: tuple[tuple[str, int], ...]) -> list[Array]:
     """[batch, length, d_model] -> one [batch, length, heads, depth] per projection.
@@ -266,19 +282,19 @@ class MultiHeadAttention(nn.Module):
     mostly in its backward pass.
     """
     kernels = [self._input_kernel(name, depth) for name, depth in names_and_depths]
-    widths = [self.num_heads * depth for _, depth in names_and_depths]
+    widths = [self._heads_of(name) * depth for name, depth in names_and_depths]
     fused = jnp.concatenate([k.reshape(self.d_model, w) for k, w in zip(kernels, widths)], axis=1)
     batch, length = inputs.shape[:2]
     projected = self._weight_matmul(
         inputs.astype(self.dtype).reshape(batch * length, self.d_model), fused)
     if self.use_bias:
       projected = projected + jnp.concatenate([
-          self._bias(f"{name}_bias", (self.num_heads, depth), ("heads", "kv")).reshape(-1)
+          self._bias(f"{name}_bias", (self._heads_of(name), depth), ("heads", "kv")).reshape(-1)
           for name, depth in names_and_depths])
     splits = list(np.cumsum(widths)[:-1])
     return [
-        part.reshape(batch, length, self.num_heads, depth)
-        for part, (_, depth) in zip(jnp.split(projected, splits, axis=1), names_and_depths)
+        part.reshape(batch, length, self._heads_of(name), depth)
+        for part, (name, depth) in zip(jnp.split(projected, splits, axis=1), names_and_depths)
     ]
 
   @nn.compact
@@ -326,6 +342,7 @@ class MultiHeadAttention(nn.Module):
       else:
         (query,) = self._project(inputs_q, (("query", self.d_k),))
         key, value = self._project(inputs_kv, key_value)
+      key, value = (self._shared_by_groups(x, heads_axis=2) for x in (key, value))
       query = nn.with_logical_constraint(self._scaled(query), ("batch", "length", "heads", "kv"))
       use_dropout = self.dropout_rate > 0.0 and train
       if self.implementation == "plain":
@@ -404,6 +421,8 @@ class MultiHeadAttention(nn.Module):
           None if mask is None else mask.explicit,
       )
     query = self._scaled(query)
+    # The cache holds the kv heads only; each serves its group of query heads.
+    key, value = (self._shared_by_groups(x, heads_axis=1) for x in (key, value))
     # A cache with one row per sentence serves all of that sentence's beams:
     # the beams become extra query positions of that row.
     rows, q_len = query.shape[:2]

@@ -48,7 +48,7 @@ class ModelConfig:
   """The paper's base model (Table 3, first row) with a 37k shared vocabulary, by default.
 
   After construction no 0-means-derived field is left: num_encoder_layers,
-  num_decoder_layers, d_k, d_v, source_vocab_size and matmul_dtype hold values.
+  num_decoder_layers, num_kv_heads, d_k, d_v, source_vocab_size and matmul_dtype hold values.
   """
 
   vocab_size: int = 37_000        # Shared source/target vocabulary (§5.1).
@@ -61,6 +61,9 @@ class ModelConfig:
   d_model: int = 512
   d_ff: int = 2048
   num_heads: int = 8
+  num_kv_heads: int = 0           # 0: num_heads. Key/value heads, each shared by a group of query
+                                  # heads (grouped-query attention; 1: multi-query); the KV cache
+                                  # holds num_kv_heads heads.
   d_k: int = 0                    # 0: d_model // num_heads.
   d_v: int = 0                    # 0: d_model // num_heads.
   dropout_rate: float = 0.1       # P_drop on sub-layer outputs and embeddings (§5.4).
@@ -122,10 +125,15 @@ class ModelConfig:
       raise UserError(
           f"config.model.num_heads={self.num_heads} does not divide d_model={self.d_model}; "
           "change num_heads or set d_k and d_v")
+    num_kv_heads = self.num_kv_heads or self.num_heads
+    if self.num_kv_heads < 0 or self.num_heads % num_kv_heads:
+      raise UserError(f"config.model.num_kv_heads={self.num_kv_heads} does not divide "
+                      f"num_heads={self.num_heads}; use a divisor (1: multi-query attention)")
     head_depth = self.d_model // self.num_heads
     resolved = dict(
         num_encoder_layers=self.num_encoder_layers or self.num_layers,
         num_decoder_layers=self.num_decoder_layers or self.num_layers,
+        num_kv_heads=num_kv_heads,
         d_k=self.d_k or head_depth,
         d_v=self.d_v or head_depth,
         source_vocab_size=self.source_vocab_size or self.vocab_size,

@@ -1,4 +1,5 @@
-"""A model's parameter count, in total and by component (`python -m transformer_jax.model_info`)."""
+"""A model's parameter count, in total and by component, and its decoding cache per token
+(`python -m transformer_jax.model_info`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from transformer_jax.model.config import ModelConfig
 
 
 def abstract_params(init_params: Callable[[jax.Array], Any]) -> Any:
@@ -29,3 +32,11 @@ def format_counts(counts: dict[str, int]) -> str:
   """A small table: one component a line, counts in millions."""
   lines = [f"{name:<20} {count:>13,} ({count / 1e6:.2f}M)" for name, count in counts.items()]
   return "\n".join(lines)
+
+
+def kv_cache_bytes_per_token(config: ModelConfig) -> int:
+  """Bytes the decoding cache holds for each token of a row, over the decoder layers: every
+  layer's keys and values of its num_kv_heads heads, in the matmul operand dtype. An
+  encoder-decoder's cross-attention holds as much again for each source token."""
+  per_layer = config.num_kv_heads * (config.d_k + config.d_v)
+  return config.num_decoder_layers * per_layer * np.dtype(config.matmul_operand_dtype).itemsize

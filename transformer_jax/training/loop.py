@@ -123,6 +123,8 @@ def set_up(config: ml_collections.ConfigDict, workdir: str, task: Trainable) -> 
   loop_config = LoopConfig.from_config(config)
   sharding.check_cpu_devices(config.cpu_devices)
   mesh = sharding.make_mesh(config.mesh)
+  sharding.check_tensor_divides(mesh, num_heads=task.model_config.num_heads,
+                                num_kv_heads=task.model_config.num_kv_heads)
   sharding.log_topology(mesh)
   task.prepare_data()
   optimizer_config = OptimizerConfig.from_config(config)
