@@ -13,7 +13,6 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import re
 import resource
 import subprocess
@@ -117,14 +116,9 @@ def last_level_cache() -> str:
 
 
 def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor()
+  from transformer_jax.model.precision import cpu_model as first_cpu_model
+
+  return first_cpu_model()
 
 
 def peak_memory() -> tuple[int, str]:

@@ -56,13 +56,15 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import ml_collections
 from tqdm import tqdm
 
 from transformer_jax.errors import UserError
+from transformer_jax.model.precision import cpu_model
 from transformer_jax.training.preemption import PreemptionWatcher
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -542,7 +544,8 @@ def _sweep_row(row: Row, rows: list[Row], configs: dict, sweep_dir: Path, runs_d
   log(f"[{row.name}] scoring the dev split")
   result = score_row(config, workdir, bleu_sentences, bleu_metric)
   result.update(row=row.name, overrides=row.overrides, bleu_sentences=bleu_sentences,
-                config=json.loads(config.to_json_best_effort()))
+                config=json.loads(config.to_json_best_effort()), host=cpu_model(),
+                date=time.strftime("%Y-%m-%d", time.gmtime()))
   write_whole(workdir / RESULT_FILE, json.dumps(result, indent=2, default=str))
   keep_row(sweep_dir, row.name, result, read_metrics(workdir))
   results[row.name] = result
@@ -640,11 +643,21 @@ def write_report(sweep_dir: Path, rows: list[Row], configs: dict, results: dict,
   write_whole(sweep_dir / "table.md", text)  # Workers and SLURM tasks write it at once.
   plot_curves(sweep_dir / "curves.png",
               {r.name: read_metrics(runs_dir / r.name) or results.get(r.name, {}).get("metrics", [])
-               for r in rows})
+               for r in rows},
+              "trained on " + trained_on(results.get(r.name, {}) for r in rows))
 
 
-def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
-  """Train (left) and dev (right) NLL = log PPL against step, one line per row.
+def trained_on(results: Iterable[dict]) -> str:
+  """Where and when scored rows ran: "Intel(R) Xeon(R) ..., 2026-12-07" (a row scored before
+  rows recorded their host says so)."""
+  places = sorted({f"{r.get('host', 'host not recorded')}, {r.get('date', 'date not recorded')}"
+                   for r in results if r})
+  return "; ".join(places) or "no row scored yet"
+
+
+def plot_curves(path: Path, metrics: dict[str, list[dict]], provenance: str) -> None:
+  """Train (left) and dev (right) NLL = log PPL against step, one line per row; under the
+  plot, `provenance` (where and when the rows ran) and the day it was drawn.
 
   NLL, not the label-smoothed loss, so rows with different ε_ls compare.
   """
@@ -665,7 +678,9 @@ def plot_curves(path: Path, metrics: dict[str, list[dict]]) -> None:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize="small")
-  fig.tight_layout()
+  fig.text(0.01, 0.01, f"{provenance}; drawn {time.strftime('%Y-%m-%d', time.gmtime())}",
+           fontsize=7, color="grey")
+  fig.tight_layout(rect=(0, 0.04, 1, 1))
   partial = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
   fig.savefig(partial, dpi=100)
   plt.close(fig)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -60,13 +59,6 @@ flags.DEFINE_boolean("causal", False, "Causal mask in the attention mode (defaul
 flags.DEFINE_string("point", "", "Internal: one point, as JSON, run in this process.")
 
 HEADS, DEPTH, D_MODEL = 8, 64, 512
-
-
-def cpu_model() -> str:
-  for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-    if line.startswith("model name"):
-      return line.split(":", 1)[1].strip()
-  return platform.processor() or platform.machine()
 
 
 def _peak_bytes() -> tuple[int, str]:
@@ -281,6 +273,12 @@ def _reference_slopes(axis, lengths: list[int], anchor: float) -> None:
                   color="grey")
 
 
+def _dates(rows: list[dict]) -> str:
+  """The measurement dates of `rows`: "2026-12-05" or "2026-12-05 to 2026-12-06"."""
+  dates = sorted({r["date"] for r in rows if r.get("date")})
+  return " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else "date not recorded"
+
+
 def plot(rows: list[dict], out_dir: Path) -> None:
   """attention.png (time and memory against n), decode.png and table.md, from the rows."""
   (out_dir / "table.md").write_text(table(rows))
@@ -308,7 +306,8 @@ def plot(rows: list[dict], out_dir: Path) -> None:
       axis.set_ylabel(name)
       axis.grid(True, which="both", alpha=0.3)
     time_axis.legend(fontsize=7)
-    figure.suptitle(f"attention, float32, {attention_rows[0]['cpu']}", fontsize=9)
+    figure.suptitle(f"attention, float32, {attention_rows[0]['cpu']}, "
+                    f"{_dates(attention_rows)}", fontsize=9)
     figure.tight_layout()
     figure.savefig(out_dir / "attention.png", dpi=120)
   decode_rows = [r for r in rows if r["mode"] == "decode" and "seconds_per_token" in r]
@@ -326,7 +325,7 @@ def plot(rows: list[dict], out_dir: Path) -> None:
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=8)
     axis.set_title(f"decoder-only, {decode_rows[0]['layers']} layers, d_model {D_MODEL}, "
-                   f"float32, {decode_rows[0]['cpu']}", fontsize=8)
+                   f"float32, {decode_rows[0]['cpu']}, {_dates(decode_rows)}", fontsize=8)
     figure.tight_layout()
     figure.savefig(out_dir / "decode.png", dpi=120)
 
@@ -403,6 +402,8 @@ def main(argv):
   if FLAGS.mode == "plot":
     plot(_done_points(), Path(FLAGS.out_dir))
     return
+  from transformer_jax.model.precision import cpu_model
+
   cpu = cpu_model()
   if FLAGS.mode == "ratio":
     run_ratio(cpu)

@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import threading
@@ -126,12 +125,9 @@ def _cell_text(cell: dict) -> str:
 
 
 def host() -> str:
-  try:
-    model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                 if line.startswith("model name"))
-  except (OSError, StopIteration):
-    model = platform.processor()
-  return f"{model}, {os.cpu_count()} cores"
+  from transformer_jax.model.precision import cpu_model  # Reads /proc/cpuinfo; imports JAX.
+
+  return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def _fits(cell: dict) -> bool:

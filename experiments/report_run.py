@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -70,6 +71,7 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
   from ablations import plot_curves, read_metrics  # experiments/ablations.py
 
   from transformer_jax.decode.translator import DecodeOptions
+  from transformer_jax.model.precision import cpu_model
   from transformer_jax.errors import UserError
   from transformer_jax.tasks.registry import make_task
   from transformer_jax.metrics.bleu import REFERENCES_TOKENIZED, summary
@@ -138,12 +140,14 @@ def report(workdir: str, out: str, average: int | Sequence[int], dev_split: str 
       decode=dict(beam_size=test_options.beam_size, alpha=test_options.alpha,
                   max_extra_len=test_options.max_extra_len),
       config=json.loads(config.to_json_best_effort()),
+      host=cpu_model(), date=time.strftime("%Y-%m-%d", time.gmtime()),
   )
   out_dir = Path(out)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
   shutil.copyfile(Path(workdir) / "metrics.jsonl", out_dir / "metrics.jsonl")
-  plot_curves(out_dir / "curves.png", {Path(workdir).name: metrics})
+  plot_curves(out_dir / "curves.png", {Path(workdir).name: metrics},
+              f"scored on {result['host']}, {result['date']}")
   print(f"test ({test_split}, {chosen}, chosen by {metric}): {summary(test)}; wrote "
         f"{out_dir}/result.json and curves.png")
   return result

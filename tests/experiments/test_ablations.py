@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from transformer_jax.model.precision import cpu_model
 from transformer_jax.training.preemption import PreemptionWatcher
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -115,14 +116,17 @@ def test_two_row_sweep_writes_table_and_curves_and_resumes(ablations, tmp_path, 
   kept = json.loads(ablations.kept_row_path(sweep_dir, "D_ls0").read_text())
   assert {r["split"] for r in kept["metrics"]} >= {"train", "eval"}, kept["metrics"]
   shutil.rmtree(runs_dir)
-  plotted = {}
-  monkeypatch.setattr(ablations, "plot_curves", lambda path, metrics: plotted.update(metrics))
+  plotted, provenances = {}, []
+  monkeypatch.setattr(ablations, "plot_curves", lambda path, metrics, provenance: (
+      plotted.update(metrics), provenances.append(provenance)))
   messages.clear()
   fresh = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=4,
                               log=messages.append)
   assert messages == ["[base] finished earlier: skipped", "[D_ls0] finished earlier: skipped"]
   assert fresh["D_ls0"]["dev_perplexity"] == results["D_ls0"]["dev_perplexity"]
   assert plotted["D_ls0"] == kept["metrics"] and plotted["base"], plotted.keys()
+  # The curves say where and when their rows ran.
+  assert provenances[-1] == f"trained on {cpu_model()}, {kept['date']}", provenances
   # Asked for other dev sentences without the trained run to score again: kept as scored.
   messages.clear()
   ablations.run_sweep(base, rows[:1], sweep_dir, runs_dir, bleu_sentences=8, log=messages.append)

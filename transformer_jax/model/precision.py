@@ -18,6 +18,7 @@ forward operands) and accumulate in float32 too.
 
 from __future__ import annotations
 
+import platform
 import functools
 from typing import Any
 
@@ -263,6 +264,19 @@ _mixed_einsum.defvjp(_mixed_einsum_forward, _mixed_einsum_backward)
 # CPU flags (/proc/cpuinfo) of a native bfloat16 dot product: XLA:CPU's bfloat16-operand,
 # float32-result matmuls beat float32 only with one of them (the rates in the module docstring).
 NATIVE_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+  """The first processor's model name ("Intel(R) Xeon(R) Processor @ 2.80GHz"), for labelling
+  measurements; platform.processor() where /proc/cpuinfo is absent."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
