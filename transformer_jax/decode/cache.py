@@ -31,8 +31,10 @@ def init_cache(model: Transformer, params, encoded: Array, src_tokens: Array, ma
 
 # Cache entries that depend only on the sentence, not on the beam or the step.
 _PER_SENTENCE_ENTRIES = ("cross_key", "cross_value")
-# Self-attention entries, [rows, heads, length, depth]: what a growing cache pads.
+# Self-attention keys and values, [rows, heads, length, depth]: what `stored_as` converts.
 _PER_STEP_ENTRIES = ("cached_key", "cached_value")
+# A sliding window's slot positions, [rows, 1, length, 1]: padded with the keys as the cache grows.
+_SLOT_POSITIONS = "cached_position"
 
 
 def grow_cache(cache, length: int):
@@ -47,7 +49,7 @@ def grow_cache(cache, length: int):
       return value
     return jnp.pad(value, ((0, 0), (0, 0), (0, length - value.shape[2]), (0, 0)))
 
-  return _map_self_attention(cache, pad)
+  return _map_self_attention(cache, pad, _PER_STEP_ENTRIES + (_SLOT_POSITIONS,))
 
 
 def stored_as(cache, dtype) -> dict:
@@ -62,12 +64,11 @@ def stored_as(cache, dtype) -> dict:
   return _map_self_attention(cache, lambda value: value.astype(dtype))
 
 
-def _map_self_attention(cache, fn) -> dict:
-  """`cache` with `fn` applied to each self-attention key/value (_PER_STEP_ENTRIES)."""
+def _map_self_attention(cache, fn, entries: tuple[str, ...] = _PER_STEP_ENTRIES) -> dict:
+  """`cache` with `fn` applied to each self-attention entry named in `entries`."""
   flat = traverse_util.flatten_dict(flax.core.unfreeze(cache))
   return traverse_util.unflatten_dict(
-      {path: fn(value) if path[-1] in _PER_STEP_ENTRIES else value
-       for path, value in flat.items()})
+      {path: fn(value) if path[-1] in entries else value for path, value in flat.items()})
 
 
 def self_attention_slots(cache) -> int:

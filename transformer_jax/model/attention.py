@@ -42,6 +42,7 @@ Array = jax.Array
 
 ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "chunked", "pallas", "cudnn")
 WITH_ATTENTION_DROPOUT = ("plain", "chunked")
+WINDOWED_ATTENTION = ("plain", "xla", "chunked")  # Take AttentionMask.window.
 CUDNN_MIN_COMPUTE_CAPABILITY = 8.0  # cuDNN's flash attention: Ampere (sm80) and later.
 
 # Large negative logit for masked positions: finite, so a fully masked row
@@ -212,6 +213,8 @@ class MultiHeadAttention(nn.Module):
   rope_fraction: float = 1.0
   num_kv_heads: int = 0  # Key/value heads, each shared by num_heads / num_kv_heads query heads
                          # (grouped-query attention; 1: multi-query); 0: num_heads.
+  window: int = 0  # > 0: a decoding step sees the cached tokens less than `window` positions
+                   # before it (training takes the window through its AttentionMask).
 
   def _rotated(self, query: Array, key: Array, positions: Array | None
                ) -> tuple[Array, Array]:
@@ -401,6 +404,7 @@ class MultiHeadAttention(nn.Module):
       """[rows, length, heads, depth] -> [rows, heads, length, depth], as an operand."""
       return as_operand(projected.transpose(0, 2, 1, 3))
 
+    cached_positions = None  # A sliding window's slot positions.
     if cross_attention:
       if not self.has_variable("cache", "cross_key"):  # Once per sentence, with the cache.
         key, value = map(to_cache_layout, self._project(inputs_kv, key_value))
@@ -416,9 +420,12 @@ class MultiHeadAttention(nn.Module):
                          "AttentionMask.from_dense(bool[rows, 1, length, cache_len])")
       query, new_key, new_value = self._project(inputs_q, (("query", self.d_k),) + key_value)
       query, new_key = self._rotated(query, new_key, positions)  # Keys cached turned.
-      key, value, mask = self._update_self_attention_cache(
+      if self.window and positions is None:
+        raise ValueError("a sliding window while decoding needs the tokens' positions: pass "
+                         "positions=")
+      key, value, mask, cached_positions = self._update_self_attention_cache(
           to_cache_layout(new_key), to_cache_layout(new_value),
-          None if mask is None else mask.explicit,
+          None if mask is None else mask.explicit, positions if self.window else None,
       )
     query = self._scaled(query)
     # The cache holds the kv heads only; each serves its group of query heads.
@@ -432,6 +439,10 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
     if mask is not None and group > 1 and mask.shape[2] not in (1, group * q_len):
       mask = jnp.tile(mask, (1, 1, group, 1))  # Query g·q_len + t is token t of beam g.
+    if cached_positions is not None:  # The sliding window, by position.
+      query_positions = positions.reshape(key.shape[0], group * q_len)
+      seen = cached_positions[:, None, None, :] > query_positions[:, None, :, None] - self.window
+      mask = seen if mask is None else mask & seen
     query = as_operand(query)
     if self.implementation == "chunked":
       attended = chunked_attention_heads_first(
@@ -459,8 +470,8 @@ class MultiHeadAttention(nn.Module):
     return attended.reshape(rows, q_len, self.num_heads, self.d_v)
 
   def _update_self_attention_cache(
-      self, key: Array, value: Array, mask: Array | None
-  ) -> tuple[Array, Array, Array | None]:
+      self, key: Array, value: Array, mask: Array | None, positions: Array | None = None
+  ) -> tuple[Array, Array, Array | None, Array | None]:
     """Writes this call's keys/values into the static-shape cache.
 
     key: [rows, heads, length, d_k], value: [rows, heads, length, d_v]. The
@@ -481,6 +492,10 @@ class MultiHeadAttention(nn.Module):
     Nothing is then reordered when beams change parents: `mask`
     (bool[cache rows, 1, k·length, cache_len], query g·length + i for token i
     of row g) is required and names the slots of each row's own history.
+
+    With `positions` (int[rows, length], a sliding window's), the cache also keeps each
+    slot's position ("cached_position", [cache rows, 1, slots, 1]); the last value returned
+    is then int32[cache rows, slots], else None (and None on the call that creates the cache).
     """
     is_initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
@@ -488,8 +503,11 @@ class MultiHeadAttention(nn.Module):
         "cache", "cached_value", jnp.zeros, value.shape, value.dtype
     )
     cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if positions is not None:
+      cached_position = self.variable(
+          "cache", "cached_position", jnp.zeros, (key.shape[0], 1, key.shape[2], 1), jnp.int32)
     if not is_initialized:
-      return key, value, mask
+      return key, value, mask, None
     index = cache_index.value
     length = key.shape[2]
     max_length = cached_key.value.shape[2]
@@ -508,7 +526,12 @@ class MultiHeadAttention(nn.Module):
 
     cached_key.value = write(cached_key.value, key)
     cached_value.value = write(cached_value.value, value)
+    slot_positions = None
+    if positions is not None:
+      cached_position.value = write(cached_position.value,
+                                    positions.astype(jnp.int32)[:, None, :, None])
+      slot_positions = cached_position.value[:, 0, :, 0]
     cache_index.value = index + length
     if mask is None:
       mask = (jnp.arange(max_length)[None, :] <= index + jnp.arange(length)[:, None])[None, None]
-    return cached_key.value, cached_value.value, mask
+    return cached_key.value, cached_value.value, mask, slot_positions

@@ -17,7 +17,8 @@ import ml_collections
 
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
-from transformer_jax.model.attention import ATTENTION_IMPLEMENTATIONS, WITH_ATTENTION_DROPOUT
+from transformer_jax.model.attention import (ATTENTION_IMPLEMENTATIONS, WINDOWED_ATTENTION,
+                                             WITH_ATTENTION_DROPOUT)
 from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS, rotary_dims
 
 NORM_PLACEMENTS = ("post", "pre")
@@ -85,6 +86,8 @@ class ModelConfig:
   norm_type: str = "layernorm"    # "layernorm" (the paper) | "rmsnorm" (x / RMS(x) · g, no mean
                                   # and no bias; T5, LLaMA, Gemma).
   layer_norm_epsilon: float = 1e-6
+  attention_window: int = 0       # > 0: sliding-window self-attention, each token seeing the
+                                  # tokens less than this far from it (causal: before it).
   attention_scale: float = 0.0    # The factor of QKᵀ; 0: 1/√d_k (§3.2.1), which keeps the
                                   # softmax out of saturation as d_k grows.
   attention_impl: str = "plain"   # "plain" | "xla" | "chunked" | "pallas" | "cudnn" (attention.py).
@@ -111,6 +114,17 @@ class ModelConfig:
       raise UserError(f"config.model.rope_theta={self.rope_theta!r} must be > 0 (LLaMA: 10000)")
     if not 0 < self.rope_fraction <= 1:
       raise UserError(f"config.model.rope_fraction={self.rope_fraction!r} must be in (0, 1]")
+    if not isinstance(self.attention_window, int) or self.attention_window < 0:
+      raise UserError(f"config.model.attention_window={self.attention_window!r} must be an "
+                      "integer >= 0 (0: every token sees the whole row)")
+    if self.attention_window and self.attention_impl not in WINDOWED_ATTENTION:
+      raise UserError(f"config.model.attention_impl={self.attention_impl!r} takes no sliding "
+                      f"window; use attention_impl={' or '.join(map(repr, WINDOWED_ATTENTION))}, "
+                      "or attention_window=0")
+    if self.attention_window > self.max_len and self.positions == "learned":
+      raise UserError(f"config.model.attention_window={self.attention_window} is longer than "
+                      f"the max_len={self.max_len} learned positions; a window of max_len or "
+                      "more hides nothing: use attention_window=0")
     if not self.attention_scale >= 0:
       raise UserError(f"config.model.attention_scale={self.attention_scale!r} must be >= 0 "
                       "(0: 1/sqrt(d_k), the paper's)")

@@ -59,7 +59,8 @@ class DecoderOnly(nn.Module):
     if decode:
       mask = AttentionMask.from_dense(cache_mask)
     else:
-      mask = AttentionMask.self_attention(tokens, segment_ids, causal=True, prefix=prefix)
+      mask = AttentionMask.self_attention(tokens, segment_ids, causal=True, prefix=prefix,
+                                          window=config.attention_window, positions=positions)
     for i in range(config.num_decoder_layers):
       x = decoder_layer(config, f"decoder_{i}", cross_attention=False)(
           x, None, mask, None, train, decode, positions)

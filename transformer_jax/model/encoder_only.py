@@ -60,7 +60,8 @@ class EncoderOnly(nn.Module):
     if positions is None:
       positions = default_positions(tokens)
     token_embedding, x = embed_tokens(config, tokens, positions, train)
-    mask = AttentionMask.self_attention(tokens, segment_ids, causal=False)
+    mask = AttentionMask.self_attention(tokens, segment_ids, causal=False,
+                                        window=config.attention_window, positions=positions)
     for i in range(config.num_encoder_layers):
       x = encoder_layer(config, f"encoder_{i}")(x, mask, train, positions)
     if config.norm == "pre":

@@ -199,6 +199,7 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       rope_theta=config.rope_theta if config.positions == "rope" else 0.0,
       rope_fraction=config.rope_fraction,
       num_kv_heads=config.num_kv_heads,
+      window=config.attention_window,
       name=name,
   )
 

@@ -56,6 +56,11 @@ class AttentionMask:
       prefix LM's prefix, which also see the later tokens of the prefix.
     explicit: bool[batch or 1, 1, q_len or 1, k_len], ANDed with the rest.
     causal: query i sees keys j <= i.
+    window: > 0: a query sees the keys less than `window` positions away only (a sliding
+      window; with `causal`, the `window` keys up to itself).
+    positions: int[batch, len] (self-attention): the tokens' positions, which the window
+      measures; None: their indices. They differ where a row holds padding mid-row (a
+      prefix LM's source padded before its target).
   """
 
   key_valid: Array | None = None
@@ -63,7 +68,9 @@ class AttentionMask:
   key_segment_ids: Array | None = None
   prefix: Array | None = None
   explicit: Array | None = None
+  positions: Array | None = None
   causal: bool = flax.struct.field(pytree_node=False, default=False)
+  window: int = flax.struct.field(pytree_node=False, default=0)
 
   @classmethod
   def from_dense(cls, mask: Array | None) -> "AttentionMask | None":
@@ -71,12 +78,15 @@ class AttentionMask:
 
   @classmethod
   def self_attention(cls, tokens: Array, segment_ids: Array | None, causal: bool,
-                     prefix: Array | None = None) -> "AttentionMask":
-    """Padding, packing segments, and causality (with an optional two-way prefix)."""
+                     prefix: Array | None = None, window: int = 0,
+                     positions: Array | None = None) -> "AttentionMask":
+    """Padding, packing segments, causality (with an optional two-way prefix) and an
+    optional sliding window over the tokens' `positions`."""
     if prefix is not None and not causal:
       raise ValueError("a prefix only widens a causal mask")
     return cls(key_valid=tokens != PAD_ID, query_segment_ids=segment_ids,
-               key_segment_ids=segment_ids, prefix=prefix, causal=causal)
+               key_segment_ids=segment_ids, prefix=prefix, causal=causal, window=window,
+               positions=positions if window else None)
 
   @classmethod
   def cross_attention(cls, key_tokens: Array, query_segment_ids: Array | None,
@@ -90,8 +100,9 @@ class AttentionMask:
   @property
   def is_explicit_only(self) -> bool:
     """Whether the explicit matrix is the whole mask."""
-    vectors = (self.key_valid, self.query_segment_ids, self.key_segment_ids, self.prefix)
-    return not self.causal and all(vector is None for vector in vectors)
+    vectors = (self.key_valid, self.query_segment_ids, self.key_segment_ids, self.prefix,
+               self.positions)
+    return not self.causal and not self.window and all(vector is None for vector in vectors)
 
   def block(self, q_start: Array | int, q_size: int, k_start: Array | int,
             k_size: int) -> Array:
@@ -114,6 +125,14 @@ class AttentionMask:
         visible = visible | (_window(self.prefix, q_start, q_size)[:, None, :, None]
                              & _window(self.prefix, k_start, k_size)[:, None, None, :])
       parts.append(visible)
+    if self.window:
+      if self.positions is None:
+        distance = ((q_start + jnp.arange(q_size))[:, None]
+                    - (k_start + jnp.arange(k_size))[None, :])[None, None]
+      else:
+        distance = (_window(self.positions, q_start, q_size)[:, None, :, None]
+                    - _window(self.positions, k_start, k_size)[:, None, None, :])
+      parts.append((distance < self.window) & (distance > -self.window))
     if self.explicit is not None:
       explicit = self.explicit
       if explicit.shape[2] > 1:
@@ -149,5 +168,6 @@ class AttentionMask:
         query_segment_ids=pad(self.query_segment_ids, q_len, -1),
         key_segment_ids=pad(self.key_segment_ids, k_len, -2),
         prefix=pad(self.prefix, prefix_len, False),
+        positions=pad(self.positions, prefix_len, 0),
         explicit=explicit,
     )

@@ -91,7 +91,9 @@ class Transformer(nn.Module):
     if src_positions is None:
       src_positions = default_positions(src_tokens)
     x = self.embed_source(src_tokens, src_positions, train)
-    mask = AttentionMask.self_attention(src_tokens, src_segment_ids, causal=False)
+    mask = AttentionMask.self_attention(src_tokens, src_segment_ids, causal=False,
+                                        window=self.config.attention_window,
+                                        positions=src_positions)
     for layer in self.encoder_layers:
       x = layer(x, mask, train, src_positions)
     if self.config.norm == "pre":
@@ -127,8 +129,8 @@ class Transformer(nn.Module):
     x = self.embed_target(target_input_tokens, target_positions, train)
     cross_mask = AttentionMask.cross_attention(src_tokens, target_segment_ids, src_segment_ids)
     self_mask = decode_self_mask if decode else AttentionMask.self_attention(
-        target_input_tokens, target_segment_ids, causal=True
-    )
+        target_input_tokens, target_segment_ids, causal=True,
+        window=self.config.attention_window, positions=target_positions)
     for layer in self.decoder_layers:
       x = layer(x, encoded, self_mask, cross_mask, train, decode, target_positions)
     if self.config.norm == "pre":
