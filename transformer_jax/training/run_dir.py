@@ -100,7 +100,8 @@ def _restore(workdir: str, abstract: Any, checkpoint: str, partial: bool) -> tup
       raise UserError(f"no checkpoint at step {step} in {directory}; have {sorted(manager.all_steps())}")
     restored = checkpoints.restore_step(manager, step, abstract, with_data=False, partial=partial)
   state, _, meta = restored
-  logging.info("loaded %s checkpoint from %s", checkpoint, directory)
+  step = state["step"] if isinstance(state, dict) else state.step
+  logging.info("loaded %s checkpoint step %d from %s", checkpoint, int(np.asarray(step)), directory)
   return state, meta
 
 
