@@ -1,6 +1,6 @@
 """The descendants' block variants: RMSNorm, gated feed-forward layers (SwiGLU, GeGLU), the
 attention scale as a key, rotary positions (RoPE), grouped-query attention (GQA, MQA) and
-sliding-window attention. Each equals its formula, computed here independently, and keeps
+sliding-window attention and ALiBi. Each equals its formula, computed here independently, and keeps
 what the paper's blocks guarantee: cached decoding equals the full recompute, chunked
 attention equals plain in outputs and gradients."""
 
@@ -42,6 +42,8 @@ VARIANTS = {
     "sliding_window": dict(attention_window=2),
     "sliding_window_chunked": dict(attention_window=3, attention_impl="chunked",
                                    attention_block_size=2),
+    "alibi": dict(positions="alibi"),
+    "alibi_chunked": dict(positions="alibi", attention_impl="chunked", attention_block_size=2),
 }
 
 
@@ -165,6 +167,8 @@ def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_varia
     (dict(attention_window=-1), "config.model.attention_window=-1 must be an integer >= 0"),
     (dict(attention_window=4, attention_impl="pallas"),
      "config.model.attention_impl='pallas' takes no sliding window"),
+    (dict(positions="alibi", attention_impl="xla"),
+     "config.model.attention_impl='xla' takes no ALiBi bias"),
     (dict(attention_window=100, positions="learned", max_len=64),
      "config.model.attention_window=100 is longer than the max_len=64 learned positions"),
 ])
@@ -202,8 +206,9 @@ def test_rotary_scores_depend_on_the_offset_only(fraction):
   np.testing.assert_array_equal(turned[:, 0], query[:, 0])  # Position 0 turns by 0.
 
 
-@pytest.mark.parametrize("overrides", [dict(positions="rope"), dict(attention_window=3)],
-                         ids=["rope", "sliding_window"])
+@pytest.mark.parametrize("overrides", [dict(positions="rope"), dict(attention_window=3),
+                                       dict(positions="alibi")],
+                         ids=["rope", "sliding_window", "alibi"])
 def test_a_prefix_lm_decodes_from_its_cache_as_the_full_model(tiny_model_config, overrides):
   """Prompts of two lengths: slots and positions part ways; keys are cached turned, and a
   window counts positions, not slots."""
@@ -302,3 +307,57 @@ def test_a_windowed_beam_search_over_a_shared_cache_finds_the_reordering_searchs
       model, p, SRC, DecodeOptions(beam_size=3, shared_beam_cache=shared, min_length=0), 12))(
           params)) for shared in (True, False)]
   np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+def test_alibi_slopes_are_the_papers():
+  from transformer_jax.model.positions import alibi_slopes
+
+  assert alibi_slopes(8) == tuple(2.0 ** -h for h in range(1, 9))  # 1/2, 1/4, ..., 1/256.
+  # 12 heads: the 8 slopes of 8 heads, then slopes 1, 3, 5, 7 of 16 heads, 2^(-k/2) for odd k.
+  assert alibi_slopes(12) == (tuple(2.0 ** -h for h in range(1, 9))
+                              + tuple(2.0 ** (-k / 2) for k in (1, 3, 5, 7)))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_alibi_equals_plain_in_outputs_and_gradients(causal):
+  """The bias computed a block at a time equals the whole matrix's: -m_h·|i - j|."""
+  from transformer_jax.model.attention import dot_product_attention
+  from transformer_jax.model.positions import alibi_slopes
+
+  rng = np.random.default_rng(0)
+  query, key, value = (jnp.asarray(rng.standard_normal((2, 12, 4, 8)), jnp.float32)
+                       for _ in range(3))
+  tokens = jnp.array([[5] * 12, [5] * 9 + [0] * 3])
+  mask = AttentionMask.self_attention(tokens, None, causal=causal,
+                                      positions=jnp.broadcast_to(jnp.arange(12), (2, 12)))
+  slopes = alibi_slopes(4)
+  valid = np.asarray(tokens != 0)
+
+  def loss(implementation, q, k, v):
+    out = dot_product_attention(q, k, v, mask, implementation, block_size=4,
+                                alibi_slopes=slopes)
+    return jnp.sum(jnp.where(valid[:, :, None, None], out, 0.0) ** 2), out
+
+  (plain_loss, plain), plain_grads = jax.value_and_grad(
+      lambda *x: loss("plain", *x), argnums=(0, 1, 2), has_aux=True)(query, key, value)
+  (chunked_loss, chunked), chunked_grads = jax.value_and_grad(
+      lambda *x: loss("chunked", *x), argnums=(0, 1, 2), has_aux=True)(query, key, value)
+  np.testing.assert_allclose(np.asarray(chunked)[valid], np.asarray(plain)[valid],
+                             rtol=1e-5, atol=1e-5)
+  for a, b in zip(chunked_grads, plain_grads):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  # The bias is the formula: softmax(QKᵀ/√d_k - m_h·|i - j|) over the visible keys, in NumPy.
+  from transformer_jax.model.attention import dot_product_attention_weights
+  from transformer_jax.model.positions import alibi_bias
+
+  weights = dot_product_attention_weights(query, key, mask.dense(12, 12), None,
+                                          alibi_bias(slopes, mask.distance(0, 12, 0, 12)))
+  scores = np.einsum("bqhd,bkhd->bhqk", np.asarray(query, np.float64),
+                     np.asarray(key, np.float64)) / np.sqrt(8)
+  distance = np.abs(np.arange(12)[:, None] - np.arange(12)[None, :])
+  scores = scores - np.asarray(slopes)[None, :, None, None] * distance
+  visible = np.asarray(mask.dense(12, 12))
+  scores = np.where(visible, scores, -np.inf)
+  want = np.exp(scores - scores.max(-1, keepdims=True))
+  want /= want.sum(-1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(weights), want, rtol=1e-5, atol=1e-6)

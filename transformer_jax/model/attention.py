@@ -36,13 +36,14 @@ from transformer_jax.model.dropout import Dropout, keep_mask
 from transformer_jax.model.flash_attention import pallas_attention
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.platform import compiling_for_local_devices, platform_in_force
-from transformer_jax.model.positions import rotary
+from transformer_jax.model.positions import alibi_bias, alibi_slopes, rotary
 
 Array = jax.Array
 
 ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "chunked", "pallas", "cudnn")
 WITH_ATTENTION_DROPOUT = ("plain", "chunked")
 WINDOWED_ATTENTION = ("plain", "xla", "chunked")  # Take AttentionMask.window.
+WITH_ALIBI = ("plain", "chunked")  # Add ALiBi's bias to the scores.
 CUDNN_MIN_COMPUTE_CAPABILITY = 8.0  # cuDNN's flash attention: Ampere (sm80) and later.
 
 # Large negative logit for masked positions: finite, so a fully masked row
@@ -54,9 +55,10 @@ _MASKED_LOGIT = -1e9
 
 
 def dot_product_attention_weights(
-    query: Array, key: Array, mask: Array | None, matmul_dtype: Any = None
+    query: Array, key: Array, mask: Array | None, matmul_dtype: Any = None,
+    bias: Array | None = None,
 ) -> Array:
-  """softmax(QKᵀ/√d_k + mask), float32[batch, heads, q_len, k_len].
+  """softmax(QKᵀ/√d_k + bias + mask), float32[batch, heads, q_len, k_len].
 
   Args:
     query: [batch, q_len, heads, d_k].
@@ -64,11 +66,14 @@ def dot_product_attention_weights(
     mask: bool, broadcastable to [batch, heads, q_len, k_len], or None.
     matmul_dtype: operand dtype of QKᵀ (see `precision.einsum`); None: the
       query's dtype.
+    bias: float32, broadcastable to the scores (ALiBi's), or None.
   """
   depth = query.shape[-1]
   logits = precision.einsum(
       "bqhd,bkhd->bhqk", query, key, matmul_dtype or query.dtype, query.dtype
   ) / jnp.sqrt(depth).astype(query.dtype)
+  if bias is not None:
+    logits = logits.astype(jnp.float32) + bias
   return masked_softmax(logits, mask)
 
 
@@ -121,6 +126,7 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_key: Array | None = None,
     block_size: int = DEFAULT_BLOCK,
+    alibi_slopes: tuple[float, ...] = (),
 ) -> Array:
   """Scaled dot-product attention, [batch, q_len, heads, d_v].
 
@@ -136,13 +142,21 @@ def dot_product_attention(
     dropout_rate, dropout_key: dropout on the attention weights (plain and
       chunked only).
     block_size: the chunked path's block.
+    alibi_slopes: ALiBi's per-head slopes over the mask's positions (plain and chunked).
   """
   q_len, k_len = query.shape[1], key.shape[1]
+  if alibi_slopes and implementation not in WITH_ALIBI:
+    raise UserError(f"attention_impl={implementation!r} has no ALiBi bias; use one of "
+                    f"{', '.join(WITH_ALIBI)}")
   if dropout_rate > 0.0 and implementation not in WITH_ATTENTION_DROPOUT:
     raise UserError(f"attention_impl={implementation!r} has no attention dropout; use one of "
                      f"{', '.join(WITH_ATTENTION_DROPOUT)} or attention_dropout_rate=0")
   if implementation == "plain":
-    weights = dot_product_attention_weights(query, key, _dense(mask, q_len, k_len), matmul_dtype)
+    bias = None
+    if alibi_slopes:
+      bias = alibi_bias(alibi_slopes, (mask or AttentionMask()).distance(0, q_len, 0, k_len))
+    weights = dot_product_attention_weights(query, key, _dense(mask, q_len, k_len), matmul_dtype,
+                                            bias)
     if dropout_rate > 0.0:
       keep, keep_probability = keep_mask(dropout_key, weights.shape, dropout_rate)
       weights = jnp.where(keep, weights / keep_probability, 0.0)
@@ -150,7 +164,7 @@ def dot_product_attention(
   if implementation == "chunked":
     return chunked_attention(query, key, value, mask, block_size=block_size,
                              matmul_dtype=matmul_dtype, dropout_rate=dropout_rate,
-                             dropout_key=dropout_key)
+                             dropout_key=dropout_key, alibi_slopes=alibi_slopes)
   if implementation == "pallas":
     return pallas_attention(query, key, value, mask)
   if implementation == "cudnn":
@@ -215,6 +229,7 @@ class MultiHeadAttention(nn.Module):
                          # (grouped-query attention; 1: multi-query); 0: num_heads.
   window: int = 0  # > 0: a decoding step sees the cached tokens less than `window` positions
                    # before it (training takes the window through its AttentionMask).
+  alibi: bool = False  # Self-attention scores get ALiBi's bias -m_h·|i - j| (positions.alibi_slopes).
 
   def _rotated(self, query: Array, key: Array, positions: Array | None
                ) -> tuple[Array, Array]:
@@ -225,6 +240,10 @@ class MultiHeadAttention(nn.Module):
       raise ValueError("rotary positions need the tokens' positions: pass positions=")
     return (rotary(query, positions, self.rope_theta, self.rope_fraction),
             rotary(key, positions, self.rope_theta, self.rope_fraction))
+
+  @property
+  def _alibi_slopes(self) -> tuple[float, ...]:
+    return alibi_slopes(self.num_heads) if self.alibi else ()
 
   def _scaled(self, query: Array) -> Array:
     """The query times scale·√d_k, so that every implementation's 1/√d_k makes QKᵀ·scale;
@@ -348,10 +367,16 @@ class MultiHeadAttention(nn.Module):
       key, value = (self._shared_by_groups(x, heads_axis=2) for x in (key, value))
       query = nn.with_logical_constraint(self._scaled(query), ("batch", "length", "heads", "kv"))
       use_dropout = self.dropout_rate > 0.0 and train
+      # ALiBi's bias is a self-attention's: cross-attention takes no positions.
+      slopes = self._alibi_slopes if inputs_kv is inputs_q else ()
       if self.implementation == "plain":
+        bias = None
+        if slopes:
+          bias = alibi_bias(slopes, (mask or AttentionMask()).distance(
+              0, query.shape[1], 0, key.shape[1]))
         weights = dot_product_attention_weights(
             query, key, _dense(mask, query.shape[1], key.shape[1]),
-            self.matmul_dtype)
+            self.matmul_dtype, bias)
         # Kept for attention heat-maps: apply(..., mutable=["intermediates"]).
         self.sow("intermediates", "attention_weights", weights)
         if use_dropout:
@@ -362,7 +387,7 @@ class MultiHeadAttention(nn.Module):
             query, key, value, mask, self.implementation, self.matmul_dtype,
             dropout_rate=self.dropout_rate if use_dropout else 0.0,
             dropout_key=self.make_rng("dropout") if use_dropout else None,
-            block_size=self.block_size,
+            block_size=self.block_size, alibi_slopes=slopes,
         )
     output_kernel = self._kernel(
         "out", (self.num_heads, self.d_v, self.d_model), ("heads", "kv", "embed"), (0, 1)
@@ -420,12 +445,13 @@ class MultiHeadAttention(nn.Module):
                          "AttentionMask.from_dense(bool[rows, 1, length, cache_len])")
       query, new_key, new_value = self._project(inputs_q, (("query", self.d_k),) + key_value)
       query, new_key = self._rotated(query, new_key, positions)  # Keys cached turned.
-      if self.window and positions is None:
-        raise ValueError("a sliding window while decoding needs the tokens' positions: pass "
-                         "positions=")
+      by_position = self.window or self.alibi
+      if by_position and positions is None:
+        raise ValueError("a sliding window or ALiBi while decoding needs the tokens' positions: "
+                         "pass positions=")
       key, value, mask, cached_positions = self._update_self_attention_cache(
           to_cache_layout(new_key), to_cache_layout(new_value),
-          None if mask is None else mask.explicit, positions if self.window else None,
+          None if mask is None else mask.explicit, positions if by_position else None,
       )
     query = self._scaled(query)
     # The cache holds the kv heads only; each serves its group of query heads.
@@ -439,12 +465,17 @@ class MultiHeadAttention(nn.Module):
       raise ValueError(f"mask rows {mask.shape[0]} match neither queries nor cache rows {key.shape[0]}")
     if mask is not None and group > 1 and mask.shape[2] not in (1, group * q_len):
       mask = jnp.tile(mask, (1, 1, group, 1))  # Query g·q_len + t is token t of beam g.
-    if cached_positions is not None:  # The sliding window, by position.
+    bias = None
+    if cached_positions is not None:  # The sliding window and ALiBi, by position.
       query_positions = positions.reshape(key.shape[0], group * q_len)
-      seen = cached_positions[:, None, None, :] > query_positions[:, None, :, None] - self.window
-      mask = seen if mask is None else mask & seen
+      distance = query_positions[:, None, :, None] - cached_positions[:, None, None, :]
+      if self.window:
+        seen = distance < self.window
+        mask = seen if mask is None else mask & seen
+      if self.alibi:
+        bias = alibi_bias(self._alibi_slopes, distance)
     query = as_operand(query)
-    if self.implementation == "chunked":
+    if self.implementation == "chunked" and bias is None:  # ALiBi decodes through the einsums.
       attended = chunked_attention_heads_first(
           query.transpose(0, 2, 1, 3), key, value, AttentionMask.from_dense(mask),
           block_size=self.block_size, matmul_dtype=self._operand_dtype).transpose(0, 2, 1, 3)
@@ -456,6 +487,8 @@ class MultiHeadAttention(nn.Module):
       return precision.einsum(subscripts, lhs, rhs, rhs.dtype, self.dtype, False)
 
     logits = matmul("bqhd,bhkd->bhqk", query, key) / jnp.sqrt(self.d_k).astype(self.dtype)
+    if bias is not None:
+      logits = logits.astype(jnp.float32) + bias
     if mask is not None:
       # Masked by adding _MASKED_LOGIT rather than selecting it (the same weights wherever a
       # query sees a slot; a query that sees none, which decoding never makes, gets nearly

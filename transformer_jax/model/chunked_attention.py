@@ -32,6 +32,7 @@ from jax import lax
 
 from transformer_jax.model.dropout import keep_mask
 from transformer_jax.model.masking import AttentionMask
+from transformer_jax.model.positions import alibi_bias
 
 Array = jax.Array
 
@@ -47,6 +48,7 @@ class _Static(NamedTuple):
   scale: float
   operand_dtype: Any
   dropout_rate: float
+  alibi_slopes: tuple[float, ...] = ()  # ALiBi's per-head slopes; (): no bias.
 
 
 def chunked_attention(query: Array, key: Array, value: Array, mask: AttentionMask | None,
@@ -71,6 +73,7 @@ def chunked_attention_heads_first(
     matmul_dtype: Any = None,
     dropout_rate: float = 0.0,
     dropout_key: Array | None = None,
+    alibi_slopes: tuple[float, ...] = (),
 ) -> Array:
   """Attention by blocks, [batch, heads, q_len, d_v] (the decoding cache's layout).
 
@@ -83,6 +86,8 @@ def chunked_attention_heads_first(
     matmul_dtype: operand dtype of the two products (float32 accumulation);
       None: the inputs' dtype.
     dropout_rate: dropout on the attention weights; needs `dropout_key`.
+    alibi_slopes: per-head slopes of ALiBi's bias -m_h·|i - j| over the mask's positions,
+      computed a block at a time.
   """
   if dropout_rate > 0.0 and dropout_key is None:
     raise ValueError("attention dropout needs a dropout key")
@@ -90,7 +95,8 @@ def chunked_attention_heads_first(
   block_q, block_k = min(block_size, q_len), min(block_size, k_len)
   padded_q, padded_k = round_up(q_len, block_q), round_up(k_len, block_k)
   static = _Static(block_q, block_k, k_len, query.shape[-1] ** -0.5,
-                   jnp.dtype(matmul_dtype or query.dtype), float(dropout_rate))
+                   jnp.dtype(matmul_dtype or query.dtype), float(dropout_rate),
+                   tuple(alibi_slopes))
   mask = (mask or AttentionMask()).padded(padded_q, padded_k)
   pad = lambda x, n: jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
   if dropout_key is None:
@@ -112,7 +118,7 @@ def _one_block(static: _Static, query: Array, key: Array, value: Array, mask: At
   """
   visible = _visible(static, mask, jnp.int32(0), jnp.int32(0))
   scores = _product(static, "bhqd,bhkd->bhqk", query, key) * static.scale
-  scores = jnp.where(visible, scores, -jnp.inf)
+  scores = jnp.where(visible, scores + _bias(static, mask, 0, 0), -jnp.inf)
   seen = jnp.any(visible, axis=-1, keepdims=True)
   weights = jax.nn.softmax(jnp.where(seen, scores, 0.0), axis=-1)
   weights = jnp.where(visible & seen, weights, 0.0)
@@ -133,6 +139,15 @@ def _visible(static: _Static, mask: AttentionMask, i: Array, j: Array) -> Array:
   visible = mask.block(i * static.block_q, static.block_q, j * static.block_k, static.block_k)
   key_index = j * static.block_k + jnp.arange(static.block_k)
   return visible & (key_index < static.key_length)
+
+
+def _bias(static: _Static, mask: AttentionMask, i: Array | int, j: Array | int) -> Array | float:
+  """ALiBi's bias for query block i and key block j ([batch or 1, heads, block_q, block_k]),
+  or 0 without slopes."""
+  if not static.alibi_slopes:
+    return 0.0
+  return alibi_bias(static.alibi_slopes, mask.distance(
+      i * static.block_q, static.block_q, j * static.block_k, static.block_k))
 
 
 def _product(static: _Static, subscripts: str, lhs: Array, rhs: Array) -> Array:
@@ -166,7 +181,7 @@ def _forward(static: _Static, query: Array, key: Array, value: Array, mask: Atte
       def attend(carry):
         running_max, running_sum, accumulated = carry
         scores = _product(static, "bhqd,bhkd->bhqk", q_block, _slice(key, j, static.block_k))
-        scores = jnp.where(visible, scores * static.scale, -jnp.inf)
+        scores = jnp.where(visible, scores * static.scale + _bias(static, mask, i, j), -jnp.inf)
         new_max = jnp.maximum(running_max, scores.max(axis=-1))
         finite_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
         weights = jnp.exp(scores - finite_max[..., None])
@@ -230,7 +245,8 @@ def _attention_backward(static: _Static, residuals, attended_grad: Array):
         query_grad, k_grad, v_grad = carry
         q_block = _slice(query, i, static.block_q)
         out_grad = _slice(attended_grad, i, static.block_q)
-        scores = _product(static, "bhqd,bhkd->bhqk", q_block, k_block) * static.scale
+        scores = (_product(static, "bhqd,bhkd->bhqk", q_block, k_block) * static.scale
+                  + _bias(static, mask, i, j))
         lse = lax.dynamic_slice_in_dim(log_sum_exp, i * static.block_q, static.block_q, axis=2)
         weights = jnp.where(visible, jnp.exp(scores - lse[..., None]), 0.0)
         dropped = weights

@@ -18,7 +18,7 @@ import ml_collections
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.attention import (ATTENTION_IMPLEMENTATIONS, WINDOWED_ATTENTION,
-                                             WITH_ATTENTION_DROPOUT)
+                                             WITH_ALIBI, WITH_ATTENTION_DROPOUT)
 from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS, rotary_dims
 
 NORM_PLACEMENTS = ("post", "pre")
@@ -71,7 +71,8 @@ class ModelConfig:
   attention_dropout_rate: float = 0.0
   relu_dropout_rate: float = 0.0
   positions: str = "sinusoidal"   # "sinusoidal" | "learned" | "none" | "rope" (rotary, on the
-                                  # self-attention queries and keys; positions.rotary).
+                                  # self-attention queries and keys; positions.rotary) | "alibi"
+                                  # (a -m_h·|i - j| bias on self-attention scores).
   rope_theta: float = 10_000.0    # RoPE's base θ.
   rope_fraction: float = 1.0      # RoPE: the fraction of each head's channels turned (GPT-NeoX:
                                   # 0.25); the rest carry no position.
@@ -121,6 +122,10 @@ class ModelConfig:
       raise UserError(f"config.model.attention_impl={self.attention_impl!r} takes no sliding "
                       f"window; use attention_impl={' or '.join(map(repr, WINDOWED_ATTENTION))}, "
                       "or attention_window=0")
+    if self.positions == "alibi" and self.attention_impl not in WITH_ALIBI:
+      raise UserError(f"config.model.attention_impl={self.attention_impl!r} takes no ALiBi bias; "
+                      f"use attention_impl={' or '.join(map(repr, WITH_ALIBI))}, or other "
+                      "positions")
     if self.attention_window > self.max_len and self.positions == "learned":
       raise UserError(f"config.model.attention_window={self.attention_window} is longer than "
                       f"the max_len={self.max_len} learned positions; a window of max_len or "

@@ -200,6 +200,7 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       rope_fraction=config.rope_fraction,
       num_kv_heads=config.num_kv_heads,
       window=config.attention_window,
+      alibi=config.positions == "alibi",
       name=name,
   )
 

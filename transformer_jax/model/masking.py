@@ -59,7 +59,7 @@ class AttentionMask:
     window: > 0: a query sees the keys less than `window` positions away only (a sliding
       window; with `causal`, the `window` keys up to itself).
     positions: int[batch, len] (self-attention): the tokens' positions, which the window
-      measures; None: their indices. They differ where a row holds padding mid-row (a
+      and ALiBi measure; None: their indices. They differ where a row holds padding mid-row (a
       prefix LM's source padded before its target).
   """
 
@@ -86,7 +86,7 @@ class AttentionMask:
       raise ValueError("a prefix only widens a causal mask")
     return cls(key_valid=tokens != PAD_ID, query_segment_ids=segment_ids,
                key_segment_ids=segment_ids, prefix=prefix, causal=causal, window=window,
-               positions=positions if window else None)
+               positions=positions)
 
   @classmethod
   def cross_attention(cls, key_tokens: Array, query_segment_ids: Array | None,
@@ -126,12 +126,7 @@ class AttentionMask:
                              & _window(self.prefix, k_start, k_size)[:, None, None, :])
       parts.append(visible)
     if self.window:
-      if self.positions is None:
-        distance = ((q_start + jnp.arange(q_size))[:, None]
-                    - (k_start + jnp.arange(k_size))[None, :])[None, None]
-      else:
-        distance = (_window(self.positions, q_start, q_size)[:, None, :, None]
-                    - _window(self.positions, k_start, k_size)[:, None, None, :])
+      distance = self.distance(q_start, q_size, k_start, k_size)
       parts.append((distance < self.window) & (distance > -self.window))
     if self.explicit is not None:
       explicit = self.explicit
@@ -140,6 +135,16 @@ class AttentionMask:
       parts.append(jax.lax.dynamic_slice_in_dim(explicit, k_start, k_size, axis=3))
     result = combine_masks(*parts)
     return jnp.ones((1, 1, q_size, k_size), bool) if result is None else result
+
+  def distance(self, q_start: Array | int, q_size: int, k_start: Array | int,
+               k_size: int) -> Array:
+    """int[batch or 1, 1, q_size, k_size]: query position minus key position (`positions`,
+    or the indices where they are absent), for a window or a distance bias."""
+    if self.positions is None:
+      return ((q_start + jnp.arange(q_size))[:, None]
+              - (k_start + jnp.arange(k_size))[None, :])[None, None]
+    return (_window(self.positions, q_start, q_size)[:, None, :, None]
+            - _window(self.positions, k_start, k_size)[:, None, None, :])
 
   def dense(self, q_len: int, k_len: int) -> Array:
     """bool[batch or 1, 1, q_len, k_len]: the whole matrix."""

@@ -10,9 +10,10 @@ from flax import linen as nn
 
 Array = jax.Array
 
-POSITION_KINDS = ("sinusoidal", "learned", "none", "rope")
-# Kinds that add nothing to the embeddings ("rope" rotates queries and keys instead).
-ADDS_NOTHING = ("none", "rope")
+POSITION_KINDS = ("sinusoidal", "learned", "none", "rope", "alibi")
+# Kinds that add nothing to the embeddings ("rope" turns queries and keys, "alibi" biases
+# the attention scores instead).
+ADDS_NOTHING = ("none", "rope", "alibi")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
@@ -103,3 +104,24 @@ def rotary(x: Array, positions: Array, theta: float, fraction: float = 1.0) -> A
   second = x[..., half:rotated].astype(jnp.float32)
   turned = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
   return jnp.concatenate([turned.astype(x.dtype), x[..., rotated:]], axis=-1)
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+  """ALiBi's per-head slopes (Press et al., 2022): 2^(-8h/n) for h = 1..n where n = num_heads
+  is a power of two; otherwise those of the nearest lower power of two n', then every other
+  slope of 2n' heads (the paper's code)."""
+  def powers_of_two(n: int) -> list[float]:
+    return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+  lower = 2 ** int(np.floor(np.log2(num_heads)))
+  slopes = powers_of_two(lower)
+  if lower < num_heads:
+    slopes += powers_of_two(2 * lower)[0::2][:num_heads - lower]
+  return tuple(slopes)
+
+
+def alibi_bias(slopes: tuple[float, ...], distance: Array) -> Array:
+  """float32[batch or 1, heads, q, k]: -m_h·|distance| from int[batch or 1, 1, q, k] query-key
+  position differences (causal attention sees distance >= 0 only)."""
+  return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * jnp.abs(distance).astype(
+      jnp.float32)
