@@ -1,6 +1,6 @@
 """The descendants' block variants: RMSNorm, gated feed-forward layers (SwiGLU, GeGLU), the
 attention scale as a key, rotary positions (RoPE), grouped-query attention (GQA, MQA) and
-sliding-window attention and ALiBi. Each equals its formula, computed here independently, and keeps
+sliding-window attention, ALiBi and T5's relative bias. Each equals its formula, computed here independently, and keeps
 what the paper's blocks guarantee: cached decoding equals the full recompute, chunked
 attention equals plain in outputs and gradients."""
 
@@ -44,6 +44,7 @@ VARIANTS = {
                                    attention_block_size=2),
     "alibi": dict(positions="alibi"),
     "alibi_chunked": dict(positions="alibi", attention_impl="chunked", attention_block_size=2),
+    "t5_bias": dict(positions="t5_bias", relative_buckets=8, relative_max_distance=16),
 }
 
 
@@ -169,6 +170,11 @@ def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_varia
      "config.model.attention_impl='pallas' takes no sliding window"),
     (dict(positions="alibi", attention_impl="xla"),
      "config.model.attention_impl='xla' takes no ALiBi bias"),
+    (dict(positions="t5_bias", attention_impl="chunked"),
+     "config.model.attention_impl='chunked' takes no T5 relative bias"),
+    (dict(relative_buckets=7), "config.model.relative_buckets=7 must be even and >= 4"),
+    (dict(relative_max_distance=16), "config.model.relative_max_distance=16 must exceed "
+                                     "relative_buckets / 2 = 16"),
     (dict(attention_window=100, positions="learned", max_len=64),
      "config.model.attention_window=100 is longer than the max_len=64 learned positions"),
 ])
@@ -180,7 +186,7 @@ def test_a_bad_variant_is_one_line(tiny_model_config, overrides, message):
 
 @pytest.mark.parametrize("overrides", [dict(norm_type="rmsnorm"), dict(activation="geglu"),
                                        dict(attention_scale=0.5), dict(positions="rope"),
-                                       dict(num_kv_heads=1)])
+                                       dict(num_kv_heads=1), dict(positions="t5_bias")])
 def test_the_ctranslate2_export_refuses_a_variant_it_cannot_express(tiny_model_config, overrides):
   from transformer_jax.interop.ctranslate2_export import model_spec
 
@@ -207,8 +213,8 @@ def test_rotary_scores_depend_on_the_offset_only(fraction):
 
 
 @pytest.mark.parametrize("overrides", [dict(positions="rope"), dict(attention_window=3),
-                                       dict(positions="alibi")],
-                         ids=["rope", "sliding_window", "alibi"])
+                                       dict(positions="alibi"), dict(positions="t5_bias")],
+                         ids=["rope", "sliding_window", "alibi", "t5_bias"])
 def test_a_prefix_lm_decodes_from_its_cache_as_the_full_model(tiny_model_config, overrides):
   """Prompts of two lengths: slots and positions part ways; keys are cached turned, and a
   window counts positions, not slots."""
@@ -361,3 +367,44 @@ def test_chunked_alibi_equals_plain_in_outputs_and_gradients(causal):
   want = np.exp(scores - scores.max(-1, keepdims=True))
   want /= want.sum(-1, keepdims=True)
   np.testing.assert_allclose(np.asarray(weights), want, rtol=1e-5, atol=1e-6)
+
+
+def _t5_bucket(relative_position: int, bidirectional: bool, num_buckets: int,
+               max_distance: int) -> int:
+  """T5's `_relative_position_bucket` for one key-minus-query position, as its code reads."""
+  bucket, n = 0, -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    bucket += num_buckets if n < 0 else 0
+    n = abs(n)
+  else:
+    n = max(n, 0)
+  max_exact = num_buckets // 2
+  if n < max_exact:
+    return bucket + n
+  large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact)
+                          * (num_buckets - max_exact))
+  return bucket + min(large, num_buckets - 1)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 16)])
+def test_t5_buckets_equal_t5s_own_on_a_grid(bidirectional, num_buckets, max_distance):
+  from transformer_jax.model.positions import relative_position_bucket
+
+  grid = np.arange(-300, 301)
+  got = relative_position_bucket(jnp.asarray(grid), bidirectional, num_buckets, max_distance)
+  want = [_t5_bucket(int(r), bidirectional, num_buckets, max_distance) for r in grid]
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_t5_bias_is_one_table_a_stack_shared_by_its_layers(tiny_model_config):
+  model = Transformer(_config(tiny_model_config, positions="t5_bias"))
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), SRC, SRC)["params"])
+  tables = {name: value.shape for name, value in params.items() if "relative_bias" in name}
+  assert tables == {"encoder_relative_bias": (32, 4), "decoder_relative_bias": (32, 4)}
+  # Each stack's scores follow its table: a changed encoder table changes the outputs.
+  shifted = params["encoder_relative_bias"] + jnp.arange(32.0)[:, None]
+  changed = dict(params, encoder_relative_bias=shifted)
+  assert not np.allclose(model.apply({"params": params}, SRC, SRC),
+                         model.apply({"params": changed}, SRC, SRC))

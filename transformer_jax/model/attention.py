@@ -36,7 +36,7 @@ from transformer_jax.model.dropout import Dropout, keep_mask
 from transformer_jax.model.flash_attention import pallas_attention
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.platform import compiling_for_local_devices, platform_in_force
-from transformer_jax.model.positions import alibi_bias, alibi_slopes, rotary
+from transformer_jax.model.positions import alibi_bias, alibi_slopes, relative_bias, rotary
 
 Array = jax.Array
 
@@ -44,6 +44,7 @@ ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "chunked", "pallas", "cudnn")
 WITH_ATTENTION_DROPOUT = ("plain", "chunked")
 WINDOWED_ATTENTION = ("plain", "xla", "chunked")  # Take AttentionMask.window.
 WITH_ALIBI = ("plain", "chunked")  # Add ALiBi's bias to the scores.
+WITH_RELATIVE_BIAS = ("plain",)  # Add T5's learned relative bias to the scores.
 CUDNN_MIN_COMPUTE_CAPABILITY = 8.0  # cuDNN's flash attention: Ampere (sm80) and later.
 
 # Large negative logit for masked positions: finite, so a fully masked row
@@ -230,6 +231,10 @@ class MultiHeadAttention(nn.Module):
   window: int = 0  # > 0: a decoding step sees the cached tokens less than `window` positions
                    # before it (training takes the window through its AttentionMask).
   alibi: bool = False  # Self-attention scores get ALiBi's bias -m_h·|i - j| (positions.alibi_slopes).
+  # T5's relative bias: self-attention scores get a learned table's entry for the bucket of each
+  # key-minus-query position (positions.relative_bias); the stack owns the table and passes it.
+  relative_bidirectional: bool = True
+  relative_max_distance: int = 128
 
   def _rotated(self, query: Array, key: Array, positions: Array | None
                ) -> tuple[Array, Array]:
@@ -329,6 +334,7 @@ class MultiHeadAttention(nn.Module):
       decode: bool = False,
       cross_attention: bool = False,
       positions: Array | None = None,
+      relative_bias_table: Array | None = None,
   ) -> Array:
     """Attends from `inputs_q` to `inputs_kv`.
 
@@ -350,13 +356,15 @@ class MultiHeadAttention(nn.Module):
       cross_attention: whether keys/values come from the encoder.
       positions: int[batch, q_len], the tokens' positions: self-attention turns its
         queries and keys by them under rotary positions (`rope_theta` > 0).
+      relative_bias_table: float[buckets, heads], T5's relative bias of the stack, or None.
 
     Returns:
       [batch, q_len, d_model].
     """
     key_value = (("key", self.d_k), ("value", self.d_v))
     if decode:
-      attended = self._decode_attention(inputs_q, inputs_kv, mask, cross_attention, positions)
+      attended = self._decode_attention(inputs_q, inputs_kv, mask, cross_attention, positions,
+                                        relative_bias_table)
     else:
       if inputs_kv is inputs_q:
         query, key, value = self._project(inputs_q, (("query", self.d_k),) + key_value)
@@ -369,11 +377,17 @@ class MultiHeadAttention(nn.Module):
       use_dropout = self.dropout_rate > 0.0 and train
       # ALiBi's bias is a self-attention's: cross-attention takes no positions.
       slopes = self._alibi_slopes if inputs_kv is inputs_q else ()
+      if relative_bias_table is not None and self.implementation not in WITH_RELATIVE_BIAS:
+        raise UserError(f"attention_impl={self.implementation!r} has no T5 relative bias; use "
+                        f"{', '.join(WITH_RELATIVE_BIAS)}")
       if self.implementation == "plain":
         bias = None
+        distance = lambda: (mask or AttentionMask()).distance(0, query.shape[1], 0, key.shape[1])
         if slopes:
-          bias = alibi_bias(slopes, (mask or AttentionMask()).distance(
-              0, query.shape[1], 0, key.shape[1]))
+          bias = alibi_bias(slopes, distance())
+        if relative_bias_table is not None:
+          bias = relative_bias(relative_bias_table, distance(), self.relative_bidirectional,
+                               self.relative_max_distance)
         weights = dot_product_attention_weights(
             query, key, _dense(mask, query.shape[1], key.shape[1]),
             self.matmul_dtype, bias)
@@ -402,7 +416,8 @@ class MultiHeadAttention(nn.Module):
 
   def _decode_attention(
       self, inputs_q: Array, inputs_kv: Array | None, mask: AttentionMask | None,
-      cross_attention: bool, positions: Array | None = None
+      cross_attention: bool, positions: Array | None = None,
+      relative_bias_table: Array | None = None,
   ) -> Array:
     """Attention against the cache, [batch, q_len, heads, d_v].
 
@@ -445,10 +460,10 @@ class MultiHeadAttention(nn.Module):
                          "AttentionMask.from_dense(bool[rows, 1, length, cache_len])")
       query, new_key, new_value = self._project(inputs_q, (("query", self.d_k),) + key_value)
       query, new_key = self._rotated(query, new_key, positions)  # Keys cached turned.
-      by_position = self.window or self.alibi
+      by_position = self.window or self.alibi or relative_bias_table is not None
       if by_position and positions is None:
-        raise ValueError("a sliding window or ALiBi while decoding needs the tokens' positions: "
-                         "pass positions=")
+        raise ValueError("a sliding window or a position bias while decoding needs the tokens' "
+                         "positions: pass positions=")
       key, value, mask, cached_positions = self._update_self_attention_cache(
           to_cache_layout(new_key), to_cache_layout(new_value),
           None if mask is None else mask.explicit, positions if by_position else None,
@@ -474,8 +489,11 @@ class MultiHeadAttention(nn.Module):
         mask = seen if mask is None else mask & seen
       if self.alibi:
         bias = alibi_bias(self._alibi_slopes, distance)
+      if relative_bias_table is not None:
+        bias = relative_bias(relative_bias_table, distance, self.relative_bidirectional,
+                             self.relative_max_distance)
     query = as_operand(query)
-    if self.implementation == "chunked" and bias is None:  # ALiBi decodes through the einsums.
+    if self.implementation == "chunked" and bias is None:  # Biases decode through the einsums.
       attended = chunked_attention_heads_first(
           query.transpose(0, 2, 1, 3), key, value, AttentionMask.from_dense(mask),
           block_size=self.block_size, matmul_dtype=self._operand_dtype).transpose(0, 2, 1, 3)

@@ -18,7 +18,8 @@ import ml_collections
 from transformer_jax.errors import UserError
 from transformer_jax.model import precision
 from transformer_jax.model.attention import (ATTENTION_IMPLEMENTATIONS, WINDOWED_ATTENTION,
-                                             WITH_ALIBI, WITH_ATTENTION_DROPOUT)
+                                             WITH_ALIBI, WITH_ATTENTION_DROPOUT,
+                                             WITH_RELATIVE_BIAS)
 from transformer_jax.model.positions import POSITION_KINDS, SINUSOID_LAYOUTS, rotary_dims
 
 NORM_PLACEMENTS = ("post", "pre")
@@ -72,7 +73,10 @@ class ModelConfig:
   relu_dropout_rate: float = 0.0
   positions: str = "sinusoidal"   # "sinusoidal" | "learned" | "none" | "rope" (rotary, on the
                                   # self-attention queries and keys; positions.rotary) | "alibi"
-                                  # (a -m_h·|i - j| bias on self-attention scores).
+                                  # (a -m_h·|i - j| bias on self-attention scores) | "t5_bias"
+                                  # (T5's learned bias by bucketed distance, one table a stack).
+  relative_buckets: int = 32      # positions="t5_bias": buckets of the learned relative bias
+  relative_max_distance: int = 128  # and the distance past which they share the last one (T5).
   rope_theta: float = 10_000.0    # RoPE's base θ.
   rope_fraction: float = 1.0      # RoPE: the fraction of each head's channels turned (GPT-NeoX:
                                   # 0.25); the rest carry no position.
@@ -122,6 +126,16 @@ class ModelConfig:
       raise UserError(f"config.model.attention_impl={self.attention_impl!r} takes no sliding "
                       f"window; use attention_impl={' or '.join(map(repr, WINDOWED_ATTENTION))}, "
                       "or attention_window=0")
+    if self.positions == "t5_bias" and self.attention_impl not in WITH_RELATIVE_BIAS:
+      raise UserError(f"config.model.attention_impl={self.attention_impl!r} takes no T5 relative "
+                      f"bias; use attention_impl={' or '.join(map(repr, WITH_RELATIVE_BIAS))}, or "
+                      "other positions")
+    if self.relative_buckets < 4 or self.relative_buckets % 2:
+      raise UserError(f"config.model.relative_buckets={self.relative_buckets} must be even and "
+                      ">= 4 (T5: 32)")
+    if self.relative_max_distance <= self.relative_buckets // 2:
+      raise UserError(f"config.model.relative_max_distance={self.relative_max_distance} must "
+                      f"exceed relative_buckets / 2 = {self.relative_buckets // 2} (T5: 128)")
     if self.positions == "alibi" and self.attention_impl not in WITH_ALIBI:
       raise UserError(f"config.model.attention_impl={self.attention_impl!r} takes no ALiBi bias; "
                       f"use attention_impl={' or '.join(map(repr, WITH_ALIBI))}, or other "

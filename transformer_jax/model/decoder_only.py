@@ -14,6 +14,7 @@ from transformer_jax.model.layers import (
     default_positions,
     embed_tokens,
     layer_norm,
+    relative_bias_table,
     vocabulary_logits,
 )
 
@@ -61,9 +62,10 @@ class DecoderOnly(nn.Module):
     else:
       mask = AttentionMask.self_attention(tokens, segment_ids, causal=True, prefix=prefix,
                                           window=config.attention_window, positions=positions)
+    table = relative_bias_table(self, config, "relative_bias")
     for i in range(config.num_decoder_layers):
       x = decoder_layer(config, f"decoder_{i}", cross_attention=False)(
-          x, None, mask, None, train, decode, positions)
+          x, None, mask, None, train, decode, positions, table)
     if config.norm == "pre":
       x = layer_norm(config, "decoder_norm")(x)
     return vocabulary_logits(config, token_embedding, x)

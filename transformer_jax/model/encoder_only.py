@@ -17,6 +17,7 @@ from transformer_jax.model.layers import (
     embed_tokens,
     encoder_layer,
     layer_norm,
+    relative_bias_table,
     vocabulary_logits,
 )
 from transformer_jax.special_tokens import PAD_ID
@@ -62,8 +63,9 @@ class EncoderOnly(nn.Module):
     token_embedding, x = embed_tokens(config, tokens, positions, train)
     mask = AttentionMask.self_attention(tokens, segment_ids, causal=False,
                                         window=config.attention_window, positions=positions)
+    table = relative_bias_table(self, config, "relative_bias")
     for i in range(config.num_encoder_layers):
-      x = encoder_layer(config, f"encoder_{i}")(x, mask, train, positions)
+      x = encoder_layer(config, f"encoder_{i}")(x, mask, train, positions, table)
     if config.norm == "pre":
       x = layer_norm(config, "encoder_norm")(x)
     if self.head == "classify":

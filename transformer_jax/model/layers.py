@@ -182,7 +182,20 @@ def layer_norm(config: ModelConfig, name: str) -> nn.Module:
   )
 
 
-def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
+def relative_bias_table(module: nn.Module, config: ModelConfig, name: str) -> Array | None:
+  """T5's relative bias table of a stack, float32[relative_buckets, num_heads], made in
+  `module` (shared by the stack's layers), or None unless config.positions is "t5_bias"."""
+  if config.positions != "t5_bias":
+    return None
+  init = nn.initializers.normal(stddev=config.d_model ** -0.5)
+  return module.param(name, nn.with_logical_partitioning(init, (None, "heads")),
+                      (config.relative_buckets, config.num_heads))
+
+
+def multi_head_attention(config: ModelConfig, name: str,
+                         relative_bidirectional: bool = True) -> MultiHeadAttention:
+  """The attention of `config`; `relative_bidirectional`: T5's buckets tell keys after the
+  query from keys before (an encoder's), or not (a causal decoder's)."""
   return MultiHeadAttention(
       num_heads=config.num_heads,
       d_k=config.d_k,
@@ -201,6 +214,8 @@ def multi_head_attention(config: ModelConfig, name: str) -> MultiHeadAttention:
       num_kv_heads=config.num_kv_heads,
       window=config.attention_window,
       alibi=config.positions == "alibi",
+      relative_bidirectional=relative_bidirectional,
+      relative_max_distance=config.relative_max_distance,
       name=name,
   )
 
@@ -212,12 +227,15 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, mask: AttentionMask | None, train: bool,
-               positions: Array | None = None) -> Array:
-    """[batch, src_len, d_model] -> same; `positions` int[batch, src_len] (rotary positions)."""
+               positions: Array | None = None, relative_bias_table: Array | None = None
+               ) -> Array:
+    """[batch, src_len, d_model] -> same; `positions` int[batch, src_len] (rotary positions,
+    biases); `relative_bias_table`: the stack's T5 bias (`relative_bias_table`)."""
     self_attention = multi_head_attention(self.config, "self_attention")
     feed_forward = FeedForward(self.config, name="feed_forward")
     x = SublayerConnection(self.config, name="self_attention_block")(
-        inputs, lambda h: self_attention(h, h, mask, train=train, positions=positions), train
+        inputs, lambda h: self_attention(h, h, mask, train=train, positions=positions,
+                                         relative_bias_table=relative_bias_table), train
     )
     return SublayerConnection(self.config, name="feed_forward_block")(
         x, lambda h: feed_forward(h, train), train
@@ -226,7 +244,7 @@ class EncoderLayer(nn.Module):
 
 def encoder_layer(config: ModelConfig, name: str) -> nn.Module:
   """An EncoderLayer, rematerialised in the backward pass where `config.remat` says so.
-  Call it with positional arguments (inputs, mask, train, positions)."""
+  Call it with positional arguments (inputs, mask, train, positions, relative_bias_table)."""
   layer = nn.remat(EncoderLayer, static_argnums=(3,)) if config.remat else EncoderLayer
   return layer(config, name=name)
 
@@ -234,7 +252,7 @@ def encoder_layer(config: ModelConfig, name: str) -> nn.Module:
 def decoder_layer(config: ModelConfig, name: str, cross_attention: bool = True) -> nn.Module:
   """A DecoderLayer, rematerialised in the backward pass where `config.remat` says so.
   Call it with positional arguments (inputs, encoded, self_mask, cross_mask, train, decode,
-  positions)."""
+  positions, relative_bias_table)."""
   layer = nn.remat(DecoderLayer, static_argnums=(5, 6)) if config.remat else DecoderLayer
   return layer(config, cross_attention=cross_attention, name=name)
 
@@ -258,14 +276,16 @@ class DecoderLayer(nn.Module):
       train: bool,
       decode: bool = False,
       positions: Array | None = None,
+      relative_bias_table: Array | None = None,
   ) -> Array:
     """inputs: [batch, tgt_len, d_model]; encoded: [batch, src_len, d_model]; positions:
-    int[batch, tgt_len] (rotary positions)."""
+    int[batch, tgt_len] (rotary positions, biases); relative_bias_table: the stack's T5 bias."""
     config = self.config
-    self_attention = multi_head_attention(config, "self_attention")
+    self_attention = multi_head_attention(config, "self_attention", relative_bidirectional=False)
     x = SublayerConnection(config, name="self_attention_block")(
         inputs, lambda h: self_attention(h, h, self_mask, train=train, decode=decode,
-                                         positions=positions), train
+                                         positions=positions,
+                                         relative_bias_table=relative_bias_table), train
     )
     if self.cross_attention:
       cross_attention = multi_head_attention(config, "cross_attention")

@@ -10,10 +10,10 @@ from flax import linen as nn
 
 Array = jax.Array
 
-POSITION_KINDS = ("sinusoidal", "learned", "none", "rope", "alibi")
-# Kinds that add nothing to the embeddings ("rope" turns queries and keys, "alibi" biases
-# the attention scores instead).
-ADDS_NOTHING = ("none", "rope", "alibi")
+POSITION_KINDS = ("sinusoidal", "learned", "none", "rope", "alibi", "t5_bias")
+# Kinds that add nothing to the embeddings ("rope" turns queries and keys, "alibi" and
+# "t5_bias" bias the attention scores instead).
+ADDS_NOTHING = ("none", "rope", "alibi", "t5_bias")
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
@@ -125,3 +125,32 @@ def alibi_bias(slopes: tuple[float, ...], distance: Array) -> Array:
   position differences (causal attention sees distance >= 0 only)."""
   return -jnp.asarray(slopes, jnp.float32)[None, :, None, None] * jnp.abs(distance).astype(
       jnp.float32)
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> Array:
+  """T5's bucket of each key-minus-query position (Raffel et al., 2020; its
+  `_relative_position_bucket`): exact buckets for the nearest distances, logarithmic ones up
+  to `max_distance`, and the last bucket beyond. Bidirectional buckets split between keys
+  before and after the query; unidirectional ones put every later key with distance 0."""
+  buckets = jnp.zeros_like(relative_position)
+  distance = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (distance < 0).astype(relative_position.dtype) * num_buckets
+    distance = jnp.abs(distance)
+  else:
+    distance = jnp.maximum(distance, 0)
+  max_exact = num_buckets // 2
+  logarithmic = max_exact + (
+      jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+      / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(distance.dtype)
+  logarithmic = jnp.minimum(logarithmic, num_buckets - 1)
+  return buckets + jnp.where(distance < max_exact, distance, logarithmic)
+
+
+def relative_bias(table: Array, distance: Array, bidirectional: bool, max_distance: int) -> Array:
+  """float32[batch or 1, heads, q, k]: the learned bias table[bucket] ([buckets, heads]) of each
+  query-minus-key position difference (int[batch or 1, 1, q, k])."""
+  buckets = relative_position_bucket(-distance[:, 0], bidirectional, table.shape[0], max_distance)
+  return jnp.moveaxis(jnp.take(table.astype(jnp.float32), buckets, axis=0), -1, 1)

@@ -18,6 +18,7 @@ from transformer_jax.model.layers import (
     embedding,
     encoder_layer,
     layer_norm,
+    relative_bias_table,
     output_dense,
 )
 from transformer_jax.model.masking import AttentionMask
@@ -73,6 +74,8 @@ class Transformer(nn.Module):
     self.decoder_layers = [
         decoder_layer(config, f"decoder_{i}") for i in range(config.num_decoder_layers)
     ]
+    self.encoder_relative_bias = relative_bias_table(self, config, "encoder_relative_bias")
+    self.decoder_relative_bias = relative_bias_table(self, config, "decoder_relative_bias")
     if config.norm == "pre":
       self.encoder_norm = layer_norm(config, "encoder_norm")
       self.decoder_norm = layer_norm(config, "decoder_norm")
@@ -95,7 +98,7 @@ class Transformer(nn.Module):
                                         window=self.config.attention_window,
                                         positions=src_positions)
     for layer in self.encoder_layers:
-      x = layer(x, mask, train, src_positions)
+      x = layer(x, mask, train, src_positions, self.encoder_relative_bias)
     if self.config.norm == "pre":
       x = self.encoder_norm(x)
     return x
@@ -132,7 +135,8 @@ class Transformer(nn.Module):
         target_input_tokens, target_segment_ids, causal=True,
         window=self.config.attention_window, positions=target_positions)
     for layer in self.decoder_layers:
-      x = layer(x, encoded, self_mask, cross_mask, train, decode, target_positions)
+      x = layer(x, encoded, self_mask, cross_mask, train, decode, target_positions,
+                self.decoder_relative_bias)
     if self.config.norm == "pre":
       x = self.decoder_norm(x)
     return self._logits(x)
