@@ -9,7 +9,8 @@ Implementations (`config.model.attention_impl`):
   xla      `jax.nn.dot_product_attention`'s XLA path; O(n²).
   chunked  blocks with an online softmax (chunked_attention.py), any backend;
            O(n·block) memory; attention dropout.
-  pallas   JAX's Pallas flash kernels on GPU and TPU (flash_attention.py).
+  pallas   JAX's Pallas flash kernels on GPU (self-attention only) and TPU
+           (flash_attention.py); padding, packing and causal masks; no dropout.
   cudnn    cuDNN's flash attention through `jax.nn.dot_product_attention`;
            NVIDIA GPUs from Ampere on, bfloat16 or float16 operands.
 A decoding step attends a few queries to the cache: it runs the chunked
