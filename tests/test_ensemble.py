@@ -52,7 +52,7 @@ def test_greedy_ensemble_takes_the_most_likely_token_of_the_mean_distribution(mo
   probs = [jax.nn.softmax(model.apply({"params": p}, SRC, inputs), axis=-1)
            for p in (params_a, params_b)]
   mean = np.array((probs[0] + probs[1]) / 2)
-  mean[:, :, (PAD_ID, BOS_ID)] = -1  # Never chosen (translator.allowed_tokens).
+  mean[:, :, (PAD_ID, BOS_ID)] = -1  # Never chosen (search.allowed_tokens).
   mean[:, 0, EOS_ID] = -1  # min_length 1.
   checked = 0
   max_lengths = np.asarray((SRC != PAD_ID).sum(-1)) + 12  # Input length + max_extra_len.

@@ -130,14 +130,13 @@ def test_a_packed_row_scores_each_pair_as_if_alone(model_and_params):
 def test_min_length_keeps_eos_from_ending_an_empty_output(method):
   """A model whose likeliest token is always EOS: min_length=1 still gives a token first."""
   from transformer_jax.decode import search
-  from transformer_jax.decode.translator import allowed_tokens
 
   def eos_first(tokens, cache, step):
     logits = jnp.zeros((tokens.shape[0], 8)).at[:, EOS_ID].set(5.0).at[:, 6].set(1.0)
     return logits, cache
 
   for min_length, first in ((0, EOS_ID), (1, 6)):
-    step = allowed_tokens(eos_first, min_length)
+    step = search.allowed_tokens(eos_first, min_length)
     spec = search.SearchSpec(method=method, beam_size=2)
     out = search.best_outputs(search.StepModel(step, {}), spec, search.full_lengths(2, 4), 4)
     assert np.asarray(out)[:, 0].tolist() == [first, first], (min_length, out)

@@ -4,7 +4,7 @@ An ensemble of runs trained on the same vocabulary (encoder-decoders, prefix LMs
 both) is searched like one model: every member keeps its own cache, and the step's
 log-probabilities are log(mean_m p_m(token | prefix)), as fairseq ensembles (Marian
 instead sums the members' weighted log-probabilities: a product, not a mean). Tokens the
-search bans (translator.allowed_tokens) are banned after the mean, and sampling at
+search bans (search.allowed_tokens) are banned after the mean, and sampling at
 temperature T draws from (mean_m p_m)^(1/T), renormalised.
 
   run = tasks.translation.combine_runs([load_run(a), load_run(b)], [a, b])

@@ -58,9 +58,10 @@ def generate(model: nn.Module, params: Any, prompt_tokens: Array, prompt_lengths
     cache, first = state
     logits, cache = jax.lax.cond(t == 0, lambda: (first, cache),
                                  lambda: after_previous(tokens, cache, t))
-    return logits.at[:, (PAD_ID, BOS_ID)].set(-jnp.inf), (cache, first)  # Never continued with.
+    return logits, (cache, first)
 
-  step_model = search.StepModel(tokens_to_logits, (cache, first_logits))
+  # PAD and BOS never continue a text.
+  step_model = search.StepModel(search.allowed_tokens(tokens_to_logits, 0), (cache, first_logits))
   max_lengths = search.full_lengths(batch, max_new_tokens)
   if temperature == 0:
     new_tokens = search.greedy_search(step_model, search.SearchSpec(method="greedy"),

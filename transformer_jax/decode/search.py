@@ -630,6 +630,25 @@ class _StepState(NamedTuple):
   cache: PyTree  # leaves [batch, ...].
 
 
+def allowed_tokens(tokens_to_logits: TokensToLogits, min_length: int
+                   ) -> TokensToLogits:
+  """The step function with PAD and BOS impossible, and EOS too at steps < `min_length`.
+
+  No output continues with PAD or BOS: a model trained here learns this; an
+  imported one (Marian bans its decoder start token, which becomes BOS here)
+  is told. One scatter a step sets all three columns.
+  """
+
+  def step(tokens, cache, t, *sentences):
+    logits, cache = tokens_to_logits(tokens, cache, t, *sentences)
+    eos = jnp.where(t < min_length, -jnp.inf, logits[:, EOS_ID])
+    never = jnp.full((logits.shape[0], 2), -jnp.inf, logits.dtype)
+    values = jnp.concatenate([never, eos[:, None].astype(logits.dtype)], axis=1)
+    return logits.at[:, (PAD_ID, BOS_ID, EOS_ID)].set(values), cache
+
+  return step
+
+
 def _decode_one_per_step(model: StepModel, spec: SearchSpec, max_lengths: jax.Array,
                          max_decode_len: int, plan: SearchPlan,
                          choose: Callable[[jax.Array, jax.Array], jax.Array]) -> jax.Array:

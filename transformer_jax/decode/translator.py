@@ -32,7 +32,7 @@ from transformer_jax.model.config import MATMUL_DTYPES
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.model.platform import platform_in_force
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.special_tokens import EOS_ID, PAD_ID
 
 Array = jax.Array
 
@@ -221,30 +221,11 @@ def decode_batch(
       _prepare(member, p, src_tokens, first_length, options.method)
       for member, p in zip(members, member_params)])
   step_model = step_model._replace(
-      step=allowed_tokens(step_model.step, 0 if options.ignore_eos else options.min_length))
+      step=search.allowed_tokens(step_model.step, 0 if options.ignore_eos else options.min_length))
   input_lengths = jnp.sum(src_tokens != PAD_ID, axis=-1)
   max_lengths = jnp.minimum(input_lengths + options.max_extra_len, max_decode_len)
   return search.best_outputs(step_model, options.spec(alpha), max_lengths, max_decode_len, plan,
                              rng)
-
-
-def allowed_tokens(tokens_to_logits: search.TokensToLogits, min_length: int
-                   ) -> search.TokensToLogits:
-  """The step function with PAD and BOS impossible, and EOS too at steps < `min_length`.
-
-  No output continues with PAD or BOS: a model trained here learns this; an
-  imported one (Marian bans its decoder start token, which becomes BOS here)
-  is told. One scatter a step sets all three columns.
-  """
-
-  def step(tokens, cache, t, *sentences):
-    logits, cache = tokens_to_logits(tokens, cache, t, *sentences)
-    eos = jnp.where(t < min_length, -jnp.inf, logits[:, EOS_ID])
-    never = jnp.full((logits.shape[0], 2), -jnp.inf, logits.dtype)
-    values = jnp.concatenate([never, eos[:, None].astype(logits.dtype)], axis=1)
-    return logits.at[:, (PAD_ID, BOS_ID, EOS_ID)].set(values), cache
-
-  return step
 
 
 class Translator:
