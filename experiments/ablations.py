@@ -393,11 +393,12 @@ def train_row(config: ml_collections.ConfigDict, workdir: Path, launcher: str,
 
 def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: int,
               bleu_metric: str) -> dict:
-  """Dev PPL (from train's last evaluation), dev BLEU and the parameter count."""
+  """Dev PPL (from train's last evaluation), dev BLEU, the parameter count, and the task's
+  final report on its `sweep_split` where it has one."""
   from transformer_jax.data.pipeline import load_dataset
   from transformer_jax.decode.translator import DecodeOptions
   from transformer_jax.model.info import parameter_counts
-  from transformer_jax.tasks.registry import load_run
+  from transformer_jax.tasks.registry import load_run, make_task
   from transformer_jax.tasks.translation import evaluate_texts, reference_sets
 
   metrics = read_metrics(workdir)
@@ -406,6 +407,9 @@ def score_row(config: ml_collections.ConfigDict, workdir: Path, bleu_sentences: 
   result = dict(step=run.step, dev_perplexity=dev["perplexity"], dev_nll=dev["nll"],
                 params=parameter_counts(run.params)["total"], bleu_metric=bleu_metric,
                 dev_bleu=None, scores=None)
+  task = make_task(config)
+  if task.sweep_split:
+    result["final"] = task.final_report(os.fspath(workdir), task.sweep_split)
   if bleu_sentences != 0:
     data = load_dataset(config.data)
     sources, references = data.texts(data.eval_split)

@@ -18,6 +18,7 @@ import ml_collections
 from transformer_jax.data.config import default_data_config
 from transformer_jax.errors import UserError
 from transformer_jax.model.config import default_model_config
+from transformer_jax.tasks import algorithmic
 from transformer_jax.tasks.registry import DEFAULT_TASK, task_class
 from transformer_jax.training.config import LoopConfig
 from transformer_jax.training.schedules import OptimizerConfig
@@ -33,6 +34,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Start a fresh run from another run's weights: every parameter of the same name and
   # shape (a classifier takes a masked-LM run's encoder); a resume reads its own checkpoint.
   config.init_from = ""
+  # task='algorithmic': the generated problem and its lengths (tasks/algorithmic.py).
+  config.algorithmic = algorithmic.default_options()
   config.model = default_model_config()
   config.data = default_data_config()
   # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.

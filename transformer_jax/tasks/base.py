@@ -54,6 +54,8 @@ class Task(abc.ABC):
   count_unit: str = "tok"  # What sums["tokens"] counts, in the progress line's throughput.
   rows_hold_pairs: bool = False  # A training row holds a source and then its target.
   supports_rdrop: bool = False  # config.rdrop_alpha > 0: the loss compares two dropout passes.
+  has_tokenizer: bool = True  # Its run directory holds tokenizer.model.
+  sweep_split: str = ""  # Besides the dev row, a sweep scores each row's final_report here.
 
   @classmethod
   def holds_pairs(cls, config: ml_collections.ConfigDict) -> bool:
@@ -149,8 +151,9 @@ class Task(abc.ABC):
   def check_init_from(self, workdir: str) -> None:
     """Raises a one-line UserError if the run `config.init_from` names cannot seed this one."""
 
-  def final_report(self, workdir: str) -> dict | None:
-    """The evaluation after the last step (config.final_eval_split), or None."""
+  def final_report(self, workdir: str, split: str | None = None) -> dict | None:
+    """The evaluation of `split` (default config.final_eval_split) after the last step, or
+    None where there is none."""
     return None
 
   def load_run(self, workdir: str, checkpoint: str = "latest", mesh: Mesh | None = None
@@ -158,7 +161,8 @@ class Task(abc.ABC):
     """A checkpoint of a run of this task, with its model, tokenizer and mesh."""
     model = self.build_model()
     return run_dir.load_run(workdir, self.config, model,
-                            functools.partial(self.init_params, model), checkpoint, mesh)
+                            functools.partial(self.init_params, model), checkpoint, mesh,
+                            self.has_tokenizer)
 
   def average_checkpoints(self, workdir: str, last: int) -> tuple[int, list[int]]:
     """Averages the newest `last` checkpoints of a run of this task (see run_dir)."""

@@ -116,8 +116,8 @@ class CorpusTask(Task):
           f"{ours[:12]}); start from a run on the same data config (dataset, variant, "
           "vocab_size, tokenizer_type)")
 
-  def final_report(self, workdir: str) -> dict | None:
-    split = self.config.final_eval_split
+  def final_report(self, workdir: str, split: str | None = None) -> dict | None:
+    split = split or self.config.final_eval_split
     return self.split_report(workdir, split) if split else None
 
   def split_report(self, workdir: str, split: str) -> dict:

@@ -6,6 +6,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from transformer_jax.errors import UserError
+from transformer_jax.tasks.algorithmic import AlgorithmicTask
 from transformer_jax.tasks.base import Task
 from transformer_jax.tasks.causal_lm import CausalLMTask
 from transformer_jax.tasks.classification import ClassificationTask
@@ -20,6 +21,7 @@ TASKS: dict[str, type[Task]] = {
     CausalLMTask.name: CausalLMTask,
     MaskedLMTask.name: MaskedLMTask,
     ClassificationTask.name: ClassificationTask,
+    AlgorithmicTask.name: AlgorithmicTask,
 }
 # Tasks whose runs `translate` and `evaluate` decode.
 TRANSLATION_TASKS = (TranslationTask.name, PrefixLMTask.name)

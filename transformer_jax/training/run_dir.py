@@ -38,7 +38,7 @@ class LoadedRun:
   config: ml_collections.ConfigDict
   model: nn.Module
   params: Any
-  tokenizer: Tokenizer
+  tokenizer: Tokenizer | None  # None for a task without one (a fixed vocabulary).
   mesh: Mesh
   step: int
 
@@ -121,18 +121,19 @@ def restore_params(workdir: str, init_params: InitParams, checkpoint: str = "lat
 
 
 def load_run(workdir: str, config: ml_collections.ConfigDict, model: nn.Module,
-             init_params: InitParams, checkpoint: str = "latest", mesh: Mesh | None = None
-             ) -> LoadedRun:
+             init_params: InitParams, checkpoint: str = "latest", mesh: Mesh | None = None,
+             with_tokenizer: bool = True) -> LoadedRun:
   """Loads the parameters of `checkpoint` ("latest", "averaged" or a step number) of the run
-  in `workdir`, whose config.json the caller read (`config`), for inference."""
+  in `workdir`, whose config.json the caller read (`config`), for inference; with
+  `with_tokenizer`, its tokenizer.model too, checked against the checkpoint."""
   workdir = os.path.abspath(workdir)
   tokenizer_path = os.path.join(workdir, "tokenizer.model")
-  if not os.path.exists(tokenizer_path):
+  if with_tokenizer and not os.path.exists(tokenizer_path):
     raise UserError(f"{tokenizer_path} is missing; the run directory is incomplete")
-  tokenizer = load_tokenizer(tokenizer_path)
+  tokenizer = load_tokenizer(tokenizer_path) if with_tokenizer else None
   mesh = mesh or default_mesh()
   params, step, meta = restore_params(workdir, init_params, checkpoint, mesh)
-  if meta.get("tokenizer_sha256") != tokenizer.sha256:
+  if with_tokenizer and meta.get("tokenizer_sha256") != tokenizer.sha256:
     raise UserError(
         f"{tokenizer_path} does not match the checkpoint (sha256 {tokenizer.sha256[:12]} vs "
         f"{str(meta.get('tokenizer_sha256'))[:12]}); restore the run's own tokenizer.model"
