@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import pathlib
 
 import pytest
@@ -91,3 +92,13 @@ def test_tpu_training_cpu_fallback_runs(tmp_path):
   assert "CPU fallback: tiny model" in text and "trained to step 10" in text, text[-2000:]
   assert "GiB a device of" in text, text[-2000:]  # The fit check compiled the step.
   assert "dev perplexity" in text, text[-2000:]
+
+
+def test_positions_draws_every_scheme_and_the_committed_length_curves(tmp_path):
+  notebook = execute("positions.ipynb", tmp_path / "run", tmp_path)
+  text = "".join(outputs(notebook, "text"))
+  assert "RoPE scores depend only on the offset: True" in text, text[-2000:]
+  assert "ALiBi slopes of 8 heads: 0.5, 0.25" in text, text[-2000:]
+  finished = int(re.search(r"(\d+) of \d+ rows finished", text).group(1))
+  images = outputs(notebook, "image/png")
+  assert len(images) == 1 + (finished > 0), "the patterns, then the curves of finished rows"
