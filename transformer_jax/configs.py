@@ -18,7 +18,7 @@ import ml_collections
 from transformer_jax.data.config import default_data_config
 from transformer_jax.errors import UserError
 from transformer_jax.model.config import default_model_config
-from transformer_jax.tasks import algorithmic
+from transformer_jax.tasks import algorithmic, image_classification
 from transformer_jax.tasks.registry import DEFAULT_TASK, task_class
 from transformer_jax.training.config import LoopConfig
 from transformer_jax.training.schedules import OptimizerConfig
@@ -36,6 +36,8 @@ def default_config() -> ml_collections.ConfigDict:
   config.init_from = ""
   # task='algorithmic': the generated problem and its lengths (tasks/algorithmic.py).
   config.algorithmic = algorithmic.default_options()
+  # task='image_classification': the images, patches and pooling (tasks/image_classification.py).
+  config.image = image_classification.default_options()
   config.model = default_model_config()
   config.data = default_data_config()
   # Devices: (data, fsdp, tensor) sizes; -1 takes the remaining devices.

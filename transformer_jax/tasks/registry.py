@@ -10,6 +10,7 @@ from transformer_jax.tasks.algorithmic import AlgorithmicTask
 from transformer_jax.tasks.base import Task
 from transformer_jax.tasks.causal_lm import CausalLMTask
 from transformer_jax.tasks.classification import ClassificationTask
+from transformer_jax.tasks.image_classification import ImageClassificationTask
 from transformer_jax.tasks.masked_lm import MaskedLMTask
 from transformer_jax.tasks.prefix_lm import PrefixLMTask
 from transformer_jax.tasks.translation import TranslationTask
@@ -22,6 +23,7 @@ TASKS: dict[str, type[Task]] = {
     MaskedLMTask.name: MaskedLMTask,
     ClassificationTask.name: ClassificationTask,
     AlgorithmicTask.name: AlgorithmicTask,
+    ImageClassificationTask.name: ImageClassificationTask,
 }
 # Tasks whose runs `translate` and `evaluate` decode.
 TRANSLATION_TASKS = (TranslationTask.name, PrefixLMTask.name)
