@@ -32,6 +32,7 @@ RECIPES = {
     "lm_multi30k": ("lm_multi30k.py", ()),
     "mlm_multi30k": ("mlm_multi30k.py", ()),
     "lm_long_multi30k": ("lm_long_multi30k.py", ()),
+    "vit_digits": ("vit_digits.py", ()),
 }
 # One accelerator each: what the base recipe can grow to there (--limits).
 SINGLE = ("v5e-1", "v6e-1", "h100x1")
@@ -119,8 +120,10 @@ def _cell_text(cell: dict) -> str:
     parts.append(f"**{len(report['rematerializations'])} full remat.**")
   if len(reports) > 1 and fitting:
     parts.append(f"({len(reports) - 1} split(s) tried first)")
-  if report["notes"]:
+  if any("batch shards" in note for note in report["notes"]):
     parts.append(f"{report['rows']} rows†")
+  if any("triton_gemm" in note for note in report["notes"]):
+    parts.append("cuBLAS‡")
   return " · ".join(parts)
 
 
@@ -217,7 +220,9 @@ reduce-scatter, all-to-all, collective-permute), and on TPUs a lower bound on th
 time from the compiler's FLOPs and bytes against the chip's peak bf16 FLOP/s and HBM
 bandwidth (a roofline, not a measurement). † the recipe's batch has fewer rows than the
 mesh has batch shards, so one row a shard was compiled instead (the recipes are sized for
-2 CPU cores; on a pod, raise `config.data.tokens_per_batch`). Recipes compile as shipped:
+2 CPU cores; on a pod, raise `config.data.tokens_per_batch`). ‡ without autotuning, XLA's
+Triton GEMM found no tiling for one of the step's dots (the ViT's 17-token rows), so the step
+was compiled with `xla_gpu_enable_triton_gemm=false`, cuBLAS taking every dot. Recipes compile as shipped:
 float32 compute, but multi30k's `matmul_dtype='auto'`, which resolves to bfloat16 operands
 on every TPU and GPU target.
 

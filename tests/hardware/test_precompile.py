@@ -117,7 +117,7 @@ def test_the_partitioner_log_is_read():
 
   lowered = jax.jit(lookup, in_shardings=(spec("tensor", "fsdp"), spec(("data", "fsdp")))).lower(
       jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((8, 16), jnp.int32))
-  _, _, found, _ = precompile.compile_lowered(lowered)
+  _, _, found, _, _ = precompile.compile_lowered(lowered)
   assert found and "gather" in found[0], found
 
 
@@ -136,10 +136,10 @@ def test_a_batch_smaller_than_the_mesh_is_compiled_at_one_row_a_shard():
   config = tiny_config()
   config.data.tokens_per_batch = 16 * 3
   mesh = sharding.make_mesh(dict(data=8, fsdp=1, tensor=1))
-  rows, note = precompile.batch_rows(config, mesh, None)
+  rows, note = precompile.batch_rows(make_task(config).recipe_rows(), mesh, None)
   assert rows == 8 and "3 rows" in note
   with pytest.raises(UserError, match="multiple of 8"):
-    precompile.batch_rows(config, mesh, 12)
+    precompile.batch_rows(3, mesh, 12)
 
 
 TINY_CONFIG_FILE = """

@@ -68,10 +68,12 @@ def main(argv: list[str]) -> None:
     print(f"  train step temporaries   not estimated: the mesh needs {devices} devices and this "
           f"process has {len(jax.devices())} (on a CPU: --config.cpu_devices={devices})")
     return
+  mesh = sharding.make_mesh(sizes)
+  rows = footprint.shard_rows(task.recipe_rows(), mesh)
   step = footprint.step_bytes(config, init_params, functools.partial(task.loss_sums, model),
-                              task.batch_keys, sharding.make_mesh(sizes))
+                              task.batch_shapes(rows), mesh)
   print(f"  train step temporaries   {step['temporaries'] / MiB:10,.1f} MiB (XLA's memory analysis; "
-        f"a batch of {step['rows']} rows x {step['length']} tokens)")
+        f"a batch of {step['rows']} rows x {task.row_length(config)} tokens)")
   total = held["params"] + held["opt_state"] + step["temporaries"]
   print(f"  total                    {total / MiB:10,.1f} MiB")
 

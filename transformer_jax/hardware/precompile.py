@@ -144,21 +144,19 @@ def candidate_meshes(first: dict[str, int], devices: int) -> list[dict[str, int]
   return unique
 
 
-def batch_rows(config: ml_collections.ConfigDict, mesh: Mesh, rows: int | None
-               ) -> tuple[int, str]:
-  """(rows of the batch to compile, a note where they differ from the recipe's)."""
+def batch_rows(recipe_rows: int, mesh: Mesh, rows: int | None) -> tuple[int, str]:
+  """(rows of the batch to compile, a note where they differ from the recipe's
+  `recipe_rows`)."""
   shards = sharding.batch_shards(mesh)
   if rows is not None:
     if rows % shards:
       raise UserError(f"--batch={rows} rows do not divide into the mesh's {shards} batch "
                       f"shards (data x fsdp); use a multiple of {shards}")
     return rows, ""
-  tokens, length = int(config.data.tokens_per_batch), int(config.data.max_len)
-  recipe = tokens // length
-  if recipe // shards >= 1:
-    return recipe // shards * shards, ""
-  return shards, (f"the recipe's {tokens:,} tokens a batch make {recipe} rows of {length}, "
-                  f"fewer than the mesh's {shards} batch shards; compiled with one row a shard")
+  if recipe_rows // shards >= 1:
+    return recipe_rows // shards * shards, ""
+  return shards, (f"the recipe's batch of {recipe_rows} rows is smaller than the mesh's "
+                  f"{shards} batch shards; compiled with one row a shard")
 
 
 def target_platform(mesh: Mesh) -> Any:
@@ -167,24 +165,38 @@ def target_platform(mesh: Mesh) -> Any:
   return jax.sharding.use_abstract_mesh(mesh.abstract_mesh)
 
 
-def compile_lowered(lowered: jax.stages.Lowered) -> tuple[Any, float, list[str], str]:
-  """(compiled or None, seconds, rematerialization warnings, the compiler's refusal)."""
+# Without autotuning, XLA's Triton GEMM emitter can find no tiling for a small dot (seen for
+# f32[272,64] on H100 at jax 0.10.2); cuBLAS then takes the dots, as autotuning may too.
+NO_TRITON_TILE = "Couldn't find output tile sizes"
+WITHOUT_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
+
+
+def compile_lowered(lowered: jax.stages.Lowered) -> tuple[Any, float, list[str], str, str]:
+  """(compiled or None, seconds, rematerialization warnings, the compiler's refusal, a note
+  where it compiled otherwise than by default)."""
   started = time.time()
-  compiled, error = None, ""
+  compiled, error, note = None, "", ""
   with analysis.native_stderr() as log:
     try:
-      compiled = lowered.compile()
+      try:
+        compiled = lowered.compile()
+      except Exception as e:  # pylint: disable=broad-except
+        if NO_TRITON_TILE not in str(e):
+          raise
+        compiled = lowered.compile(compiler_options=WITHOUT_TRITON_GEMM)
+        note = ("XLA's Triton GEMM found no tiling for a dot without autotuning; compiled "
+                "with xla_gpu_enable_triton_gemm=false (cuBLAS for every dot)")
     except Exception as e:  # pylint: disable=broad-except
       if "RESOURCE_EXHAUSTED" not in str(e) and "exceeds" not in str(e):
         raise
       error = next((line.strip() for line in str(e).splitlines() if "exceed" in line),
                    str(e).splitlines()[0])
-  return compiled, time.time() - started, analysis.rematerializations(log[0]), error
+  return compiled, time.time() - started, analysis.rematerializations(log[0]), error, note
 
 
 def _report(target: Target, program: str, mesh: Mesh, rows: int, length: int, state_bytes: dict,
             lowered: jax.stages.Lowered, note: str) -> tuple[Report, Any]:
-  compiled, seconds, remats, error = compile_lowered(lowered)
+  compiled, seconds, remats, error, compile_note = compile_lowered(lowered)
   hlo = (compiled.as_text() or "") if compiled is not None else ""
   report = Report(
       target=target, program=program, mesh=dict(mesh.shape), rows=rows, length=length,
@@ -193,7 +205,7 @@ def _report(target: Target, program: str, mesh: Mesh, rows: int, length: int, st
       compile_seconds=seconds,
       collectives=analysis.collectives(hlo), custom_calls=analysis.custom_calls(hlo),
       cost=analysis.cost(compiled) if compiled is not None else {},
-      rematerializations=remats, error=error, notes=[note] if note else [])
+      rematerializations=remats, error=error, notes=[n for n in (note, compile_note) if n])
   return report, compiled
 
 
@@ -219,12 +231,12 @@ def _compile_train_step_on(config: ml_collections.ConfigDict, target: Target, ta
                            ) -> tuple[Report, Any]:
   """`compile_train_step` for a config already resolved `for_target`, its task and model,
   and the bytes per device its state holds on `device_mesh`."""
-  rows, note = batch_rows(config, device_mesh, rows)
+  rows, note = batch_rows(task.recipe_rows(), device_mesh, rows)
   with target_platform(device_mesh):
     lowered, _ = footprint.lower_train_step(
         config, functools.partial(task.init_params, model),
-        functools.partial(task.loss_sums, model), task.batch_keys, device_mesh, rows)
-  return _report(target, "train step", device_mesh, rows, int(config.data.max_len), held,
+        functools.partial(task.loss_sums, model), task.batch_shapes(rows), device_mesh)
+  return _report(target, "train step", device_mesh, rows, task.row_length(config), held,
                  lowered, note)
 
 

@@ -27,6 +27,7 @@ import json
 from typing import Any, Iterable, Protocol
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import linen as nn
@@ -133,6 +134,20 @@ class Task(abc.ABC):
     """The dev row logged at each evaluation; by default the averages of `sums`."""
     del model, params, mesh
     return {name: float(value) for name, value in averages(sums, np).items()}
+
+  def recipe_rows(self) -> int:
+    """Rows of the config's training batch (all hosts): rows of data.max_len tokens within
+    data.tokens_per_batch."""
+    return int(self.config.data.tokens_per_batch) // int(self.config.data.max_len)
+
+  def batch_shapes(self, rows: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """{key: (shape, dtype)} of a training batch of `rows` rows, as the loss reads it: what
+    compiling the train step from shapes alone (for hardware not at hand) needs. Rows of
+    data.max_len tokens; packed data adds its segment ids and positions."""
+    length = int(self.config.data.max_len)
+    packed = bool(self.config.data.pack)
+    return {key: ((rows, length), jnp.int32) for key in self.batch_keys
+            if packed or not key.endswith(("segment_ids", "positions"))}
 
   def describe(self) -> str:
     """One line logged when training starts (e.g. split sizes)."""

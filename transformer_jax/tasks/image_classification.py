@@ -108,6 +108,12 @@ class ImageClassificationTask(Task):
       raise UserError(f"config.rdrop_alpha={config.rdrop_alpha!r} is not implemented for "
                       "image_classification; set config.rdrop_alpha=0")
 
+  @classmethod
+  def row_length(cls, config: ml_collections.ConfigDict) -> int:
+    """Tokens the encoder reads: the patches, and the [CLS] token where it pools by it."""
+    side = DIGITS_SIDE if config.image.dataset == "digits" else config.image.image_size
+    return (side // config.image.patch_size) ** 2 + (config.image.pooling == "cls")
+
   def __init__(self, config: ml_collections.ConfigDict):
     super().__init__(config)
     self._data: images.ImageSplits | None = None
@@ -140,6 +146,13 @@ class ImageClassificationTask(Task):
     # "tokens" counts what the loss averages over: here, images.
     return loss_sum, dict(loss_sum=loss_sum, accuracy_sum=jnp.sum(correct * valid),
                           tokens=jnp.sum(valid))
+
+  def recipe_rows(self) -> int:
+    return int(self.config.image.batch_size)
+
+  def batch_shapes(self, rows: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    return dict(images=((rows, *self.data.image_shape), jnp.float32),
+                labels=((rows,), jnp.int32))
 
   def _rows(self, batch_multiple: int) -> int:
     rows = self.config.image.batch_size

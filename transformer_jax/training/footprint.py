@@ -11,7 +11,7 @@ devices, a TPU or GPU target's included (`transformer_jax.hardware`).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,49 +45,48 @@ def state_bytes(config: ml_collections.ConfigDict, init_params: InitParams,
   return result
 
 
-def batch_shape(config: ml_collections.ConfigDict, mesh: Mesh) -> tuple[int, int]:
-  """(rows, length) of the largest training batch: rows of data.max_len within the token budget."""
-  length = int(config.data.max_len)
-  shards = sharding.batch_shards(mesh)
-  rows = (int(config.data.tokens_per_batch) // length) // shards * shards
-  if rows < 1:
-    raise UserError(f"data.tokens_per_batch={config.data.tokens_per_batch} holds no row of "
-                    f"{length} tokens per batch shard ({shards}); raise it")
-  return rows, length
+BatchShapes = dict[str, tuple[tuple[int, ...], Any]]  # {key: (shape, dtype)}, a task's.
 
 
 def lower_train_step(config: ml_collections.ConfigDict, init_params: InitParams,
-                     loss_fn: LossFn, batch_keys: Sequence[str], mesh: Mesh,
-                     rows: int | None = None) -> tuple[jax.stages.Lowered, TrainState]:
-  """The real train step lowered on `mesh` for a batch of `rows` rows (None: `batch_shape`'s)
-  of data.max_len tokens, from abstract arguments only: no array is allocated, so `mesh` may
-  hold a TPU slice's or a GPU node's compile-only devices. Packed data adds its segment-id
-  and position arrays. Returns (lowered, the abstract state it takes)."""
+                     loss_fn: LossFn, batch_shapes: BatchShapes, mesh: Mesh
+                     ) -> tuple[jax.stages.Lowered, TrainState]:
+  """The real train step lowered on `mesh` for a batch of `batch_shapes` (a task's
+  `batch_shapes(rows)`), from abstract arguments only: no array is allocated, so `mesh` may
+  hold a TPU slice's or a GPU node's compile-only devices. Returns (lowered, the abstract
+  state it takes)."""
   optimizer_config = OptimizerConfig.from_config(config)
   optimizer = make_optimizer(optimizer_config)
   state = abstract_train_state(init_params, optimizer, mesh)
   shardings = jax.tree.map(lambda leaf: leaf.sharding, state)
   train_step, _ = compile_steps(loss_fn, optimizer, make_schedule(optimizer_config),
                                 LoopConfig.from_config(config), mesh, shardings)
-  if rows is None:
-    rows, _ = batch_shape(config, mesh)
-  length = int(config.data.max_len)
-  keys = [k for k in batch_keys if config.data.pack or not k.endswith(("segment_ids", "positions"))]
-  batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32,
-                                     sharding=sharding.batch_sharding(mesh)) for key in keys}
+  batch = {key: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.batch_sharding(mesh))
+           for key, (shape, dtype) in batch_shapes.items()}
   return train_step.lower(state, batch), state
 
 
 def step_bytes(config: ml_collections.ConfigDict, init_params: InitParams, loss_fn: LossFn,
-               batch_keys: Sequence[str], mesh: Mesh) -> dict[str, int]:
-  """XLA's memory analysis of the compiled train step on `mesh` (bytes per device).
+               batch_shapes: BatchShapes, mesh: Mesh) -> dict[str, int]:
+  """XLA's memory analysis of the compiled train step on `mesh` (bytes per device) for one
+  batch of `batch_shapes`.
 
-  Returns {'temporaries', 'arguments', 'outputs', 'rows', 'length'} for one
-  batch of `batch_shape` rows.
+  Returns {'temporaries', 'arguments', 'outputs', 'rows'}.
   """
-  rows, length = batch_shape(config, mesh)
-  lowered, _ = lower_train_step(config, init_params, loss_fn, batch_keys, mesh, rows)
+  lowered, _ = lower_train_step(config, init_params, loss_fn, batch_shapes, mesh)
   analysis = lowered.compile().memory_analysis()
+  rows = next(iter(batch_shapes.values()))[0][0]
   return dict(temporaries=int(analysis.temp_size_in_bytes),
               arguments=int(analysis.argument_size_in_bytes),
-              outputs=int(analysis.output_size_in_bytes), rows=rows, length=length)
+              outputs=int(analysis.output_size_in_bytes), rows=rows)
+
+
+def shard_rows(recipe_rows: int, mesh: Mesh) -> int:
+  """The recipe's rows rounded down to a multiple of the mesh's batch shards; a one-line
+  error where no row is left a shard."""
+  shards = sharding.batch_shards(mesh)
+  rows = recipe_rows // shards * shards
+  if rows < 1:
+    raise UserError(f"the recipe's batch of {recipe_rows} rows holds no row per batch shard "
+                    f"({shards}); raise data.tokens_per_batch (or the task's batch size)")
+  return rows
