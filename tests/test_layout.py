@@ -33,7 +33,7 @@ for _below in ("model", "data", "decode", "training", "tasks", "metrics"):
 LIBRARY_LAYERS = LAYERS - {"cli"} | {"foundation", "configs"}
 # `python -m transformer_jax.<command>`: two-line entry points into cli/, part of that layer.
 COMMANDS = {"train", "translate", "evaluate", "average_checkpoints", "model_info", "generate",
-            "import_marian", "export", "precompile"}
+            "import_marian", "import_hf", "export", "precompile"}
 OUTSIDE_PACKAGE = ("experiments", "benchmarks", "tests")
 
 

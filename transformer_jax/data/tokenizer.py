@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 
 from transformer_jax import special_tokens
+from transformer_jax.data.hf_tokenizer import HFTokenizer
 from transformer_jax.errors import UserError
 
 MODEL_TYPES = ("bpe", "unigram")
@@ -107,8 +108,16 @@ class Tokenizer:
     return f"Tokenizer({str(self.path)!r}, vocab_size={self.vocab_size})"
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-  return Tokenizer(path)
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer | HFTokenizer:
+  """The tokenizer in `path`: a SentencePiece model, or a Hugging Face tokenizer that
+  `data.hf_tokenizer.write` wrote (JSON)."""
+  try:
+    with open(path, "rb") as f:
+      is_json = f.read(1) == b"{"
+  except FileNotFoundError:
+    raise UserError(f"tokenizer model {path} does not exist; give the path of a "
+                    "SentencePiece .model file") from None
+  return HFTokenizer(path) if is_json else Tokenizer(path)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, model_type: str,

@@ -20,28 +20,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import struct
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
-import ml_dtypes
 import numpy as np
-from flax import traverse_util
 
 from transformer_jax.configs import default_config
 from transformer_jax.data import marian_vocab
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import UserError
+from transformer_jax.interop import imported_run
+from transformer_jax.interop.imported_run import (check_against_model, new_workdir,
+                                                  read_weights, save_run)
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training import checkpoints
-from transformer_jax.training.schedules import OptimizerConfig, make_optimizer
-from transformer_jax.training.state import TrainState
 
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
-_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-                       "F64": np.float64}
 # config.json fields whose other values this model does not express: field -> the value needed.
 _REQUIRED = {"scale_embedding": True, "share_encoder_decoder_embeddings": True,
              "is_encoder_decoder": True}
@@ -61,25 +55,7 @@ class ImportReport:
 
 def read_hf_config(model_dir: str) -> dict:
   """config.json of a Hugging Face Marian directory, checked to be one this model expresses."""
-  path = os.path.join(model_dir, "config.json")
-  if not os.path.isdir(model_dir):
-    raise UserError(f"--model_dir={model_dir} is not a directory; pass a downloaded Hugging "
-                    "Face Marian model (e.g. Helsinki-NLP/opus-mt-en-de)")
-  try:
-    with open(path, encoding="utf-8") as f:
-      hf = json.load(f)
-  except FileNotFoundError:
-    raise UserError(f"{path} does not exist; --model_dir must be a Hugging Face model "
-                    "directory") from None
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise UserError(f"{path} is not JSON ({e})") from None
-  if hf.get("model_type") != "marian":
-    raise UserError(f"{model_dir} is not a Marian model (config.json model_type="
-                    f"{hf.get('model_type')!r}); only MarianMTModel (opus-mt) checkpoints import")
-  for field, value in _REQUIRED.items():
-    if hf.get(field, value) != value:
-      raise UserError(f"config.json {field}={hf[field]!r} is not supported (only {value}); "
-                      "this model cannot express that checkpoint")
+  hf = imported_run.read_hf_config(model_dir, "marian", "Marian", _REQUIRED)
   for encoder_field, decoder_field in (("encoder_ffn_dim", "decoder_ffn_dim"),
                                        ("encoder_attention_heads", "decoder_attention_heads")):
     if hf.get(encoder_field) != hf.get(decoder_field):
@@ -110,48 +86,6 @@ def model_section(hf: dict, vocab_size: int) -> dict:
       activation=ACTIVATIONS[hf.get("activation_function", "swish")],
       attention_bias=True, logits_bias=True, layer_norm_epsilon=1e-5, norm="post",
   )
-
-
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """{name: array} of a .safetensors file (8-byte header size, JSON header, raw data)."""
-  with open(path, "rb") as f:
-    data = f.read()
-  try:
-    (header_size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_size])
-  except (struct.error, json.JSONDecodeError, UnicodeDecodeError):
-    raise UserError(f"{path} is not a safetensors file") from None
-  start = 8 + header_size
-  arrays = {}
-  for name, entry in header.items():
-    if name == "__metadata__":
-      continue
-    if entry["dtype"] not in _SAFETENSORS_DTYPES:
-      raise UserError(f"{path}: tensor {name} has dtype {entry['dtype']}; supported: "
-                      f"{', '.join(_SAFETENSORS_DTYPES)}")
-    begin, end = entry["data_offsets"]
-    arrays[name] = np.frombuffer(data[start + begin:start + end],
-                                 _SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
-  return arrays
-
-
-def read_weights(model_dir: str) -> dict[str, np.ndarray]:
-  """{Hugging Face name: float32 array} from model.safetensors, else pytorch_model.bin."""
-  safetensors_path = os.path.join(model_dir, "model.safetensors")
-  torch_path = os.path.join(model_dir, "pytorch_model.bin")
-  if os.path.exists(safetensors_path):
-    weights = read_safetensors(safetensors_path)
-  elif os.path.exists(torch_path):
-    try:
-      import torch  # Optional and heavy: only a pytorch_model.bin needs it.
-    except ImportError:
-      raise UserError(f"{torch_path} is a PyTorch pickle and torch is not installed; "
-                      "pip install torch, or save the model as model.safetensors") from None
-    state = torch.load(torch_path, map_location="cpu", weights_only=True)
-    weights = {name: tensor.float().numpy() for name, tensor in state.items()}
-  else:
-    raise UserError(f"{model_dir} holds neither model.safetensors nor pytorch_model.bin")
-  return {name: np.asarray(value, np.float32) for name, value in weights.items()}
 
 
 class _Weights:
@@ -223,26 +157,6 @@ def convert_params(weights: dict[str, np.ndarray], hf: dict, marian_ids: np.ndar
   return params
 
 
-def check_against_model(params: dict, model: Transformer) -> None:
-  """Every parameter the model has, with its shape, and nothing else; else a one-line error."""
-  expected = traverse_util.flatten_dict(jax.eval_shape(
-      lambda: model.init(jax.random.key(0), np.ones((1, 2), np.int32), np.ones((1, 2), np.int32))
-  )["params"])
-  got = traverse_util.flatten_dict(params)
-  for path, leaf in expected.items():
-    name = "/".join(path)
-    shape = getattr(leaf, "value", leaf).shape
-    if path not in got:
-      raise UserError(f"the import left parameter {name} unset; the checkpoint does not fit "
-                      "this model")
-    if got[path].shape != shape:
-      raise UserError(f"parameter {name} has shape {got[path].shape} in the checkpoint and "
-                      f"{shape} here; config.json does not describe its weights")
-  extra = sorted("/".join(path) for path in set(got) - set(expected))
-  if extra:
-    raise UserError(f"the import made parameter {extra[0]}, which this model lacks")
-
-
 def special_ids(hf: dict, vocab: dict[str, int]) -> dict[str, int]:
   """Marian's ids of marian_vocab.SPECIAL_ROLES from config.json and vocab.json."""
   if "<unk>" not in vocab:
@@ -278,29 +192,17 @@ def import_marian(model_dir: str, workdir: str) -> ImportReport:
   config = run_config(model_section(hf, len(vocabulary.marian_ids)))
   model = Transformer(config.model)  # Validates the model section before anything is written.
   params = convert_params(read_weights(model_dir), hf, vocabulary.marian_ids, model_dir)
-  check_against_model(params, model)
+  tokens = np.ones((1, 2), np.int32)
+  check_against_model(params, lambda: model.init(jax.random.key(0), tokens, tokens))
 
-  workdir = os.path.abspath(workdir)
-  if os.path.isdir(checkpoints.checkpoint_dir(workdir)):
-    raise UserError(f"--workdir={workdir} already holds checkpoints; choose a new directory")
-  os.makedirs(workdir, exist_ok=True)
+  workdir = new_workdir(workdir)
   tokenizer_path = os.path.join(workdir, "tokenizer.model")
   marian_vocab.write_model(vocabulary, tokenizer_path)
   tokenizer = Tokenizer(tokenizer_path)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
   with open(os.path.join(workdir, "marian.json"), "w") as f:
     json.dump(dict(model_dir=model_dir, hf_config=hf,
                    marian_id_of_each_id=vocabulary.marian_ids.tolist(),
                    missing_source_pieces=list(vocabulary.missing_source_pieces)), f, indent=2)
-
-  params = jax.tree.map(jnp.asarray, params)
-  state = TrainState(step=jnp.array(0, jnp.int32), params=params,
-                     opt_state=make_optimizer(OptimizerConfig.from_config(config)).init(params))
-  meta = dict(config=json.loads(config.to_json_best_effort()), tokenizer_sha256=tokenizer.sha256)
-  manager = checkpoints.make_manager(checkpoints.checkpoint_dir(workdir), None, async_save=False)
-  checkpoints.save(manager, 0, state, None, meta)
-  checkpoints.wait_until_finished(manager)
-  return ImportReport(workdir, sum(x.size for x in jax.tree.leaves(params)),
-                      tokenizer.vocab_size, len(vocab), vocabulary.marian_ids,
+  count = save_run(workdir, config, params, tokenizer.sha256)
+  return ImportReport(workdir, count, tokenizer.vocab_size, len(vocab), vocabulary.marian_ids,
                       vocabulary.missing_source_pieces)

@@ -26,7 +26,7 @@ NORM_PLACEMENTS = ("post", "pre")
 NORM_TYPES = ("layernorm", "rmsnorm")
 # swish = SiLU, x·sigmoid(x); gelu: the exact (erf) one. Gated (Shazeer, 2020): swiglu =
 # swish(x W_gate) ⊙ x W1, geglu = gelu(x W_gate) ⊙ x W1 with GELU's tanh form (T5 v1.1, Gemma).
-ACTIVATIONS = ("relu", "gelu", "swish", "swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swish", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MATMUL_DTYPES = ("", "auto") + tuple(DTYPES)  # "": the compute dtype.
@@ -82,8 +82,10 @@ class ModelConfig:
                                   # 0.25); the rest carry no position.
   sinusoid_layout: str = "interleaved"  # sin/cos in even/odd channels (§3.5); "concatenated":
                                         # all sines, then all cosines (Marian, fairseq).
-  activation: str = "relu"        # Of the feed-forward network (§3.3); Marian: "swish";
-                                  # "swiglu" | "geglu": gated, d_ff stays the hidden width.
+  activation: str = "relu"        # Of the feed-forward network (§3.3); Marian: "swish"; GPT-2:
+                                  # "gelu_tanh" (GELU's tanh approximation); "swiglu" | "geglu":
+                                  # gated, d_ff stays the hidden width.
+  embedding_scale: bool = True    # Token embeddings × √d_model (§3.4); GPT-2 and BERT: False.
   attention_bias: bool = False    # Biases on the attention projections (Marian has them).
   logits_bias: bool = False       # A bias on the output logits (Marian's final_logits_bias).
   max_len: int = 512              # Learned positions only; sinusoids have no limit.

@@ -93,7 +93,8 @@ def lookup(embedding: nn.Embed, tokens: Array, config: ModelConfig) -> Array:
 
 
 class EmbedTokens(nn.Module):
-  """Token embedding × √d_model (§3.4) + positions (§3.5), then dropout (§5.4)."""
+  """Token embedding × √d_model (§3.4; `embedding_scale`) + positions (§3.5), then dropout
+  (§5.4)."""
 
   config: ModelConfig
   embedding: nn.Embed
@@ -102,8 +103,9 @@ class EmbedTokens(nn.Module):
   def __call__(self, tokens: Array, positions: Array, train: bool) -> Array:
     """tokens, positions: int[batch, length] -> [batch, length, d_model]."""
     config = self.config
-    scale = jnp.sqrt(config.d_model).astype(config.compute_dtype)
-    embedded = lookup(self.embedding, tokens, config) * scale
+    embedded = lookup(self.embedding, tokens, config)
+    if config.embedding_scale:
+      embedded = embedded * jnp.sqrt(config.d_model).astype(config.compute_dtype)
     embedded = PositionalEncoding(
         config.positions, config.d_model, config.max_len, config.sinusoid_layout,
         name="positions")(embedded, positions)
@@ -114,6 +116,7 @@ class EmbedTokens(nn.Module):
 ACTIVATION_FUNCTIONS = {
     "relu": nn.relu,
     "gelu": functools.partial(nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "swish": nn.swish,
     # The gates of the gated activations (config.GATED_ACTIVATIONS).
     "swiglu": nn.swish,
