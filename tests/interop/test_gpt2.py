@@ -28,6 +28,7 @@ from transformer_jax.interop import gpt2  # noqa: E402
 from transformer_jax.special_tokens import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 from transformer_jax.tasks.registry import load_run  # noqa: E402
 
+REPO = str(__import__("pathlib").Path(__file__).resolve().parents[2])
 TEXTS = [de for _, de in (sample_pair(random.Random(i)) for i in range(800))]
 PROMPTS = ["Der Hund sieht die Katze.", "Zwei große Vögel", "Zebras ☃ wandern — naïve café",
            "  spaces\tand\nnewlines "]
@@ -46,7 +47,7 @@ def gpt2_dir(tmp_path_factory):
   vocab_size = bpe.get_vocab_size()
   eot = bpe.token_to_id(EOT)
   assert eot == vocab_size - 1
-  config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2,
+  config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=256, n_embd=32, n_layer=2,
                                    n_head=4, bos_token_id=eot, eos_token_id=eot)
   torch.manual_seed(0)
   model = transformers.GPT2LMHeadModel(config).eval()
@@ -171,7 +172,59 @@ def test_import_hf_names_the_model_types_it_reads(tmp_path):
   from transformer_jax.cli.import_hf import model_type
 
   (tmp_path / "config.json").write_text(json.dumps(dict(model_type="t5")))
-  with pytest.raises(UserError, match="model_type='t5'; supported: gpt2, marian"):
+  with pytest.raises(UserError, match="model_type='t5'; supported: gpt2, bert, marian"):
     model_type(str(tmp_path))
   with pytest.raises(UserError, match="does not exist"):
     model_type(str(tmp_path / "nowhere"))
+
+
+def test_exported_back_transformers_loads_it_with_equal_logits(hf, imported, tmp_path):
+  from transformer_jax.interop.hf_export import export_hf
+
+  model, _ = hf
+  _, run = imported
+  assert export_hf(run, str(tmp_path / "out")) == "gpt2"
+  exported = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
+  tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "out" /
+                                                                      "tokenizer.json"))
+  ids = torch.tensor([tokenizer(PROMPTS[0])["input_ids"]])
+  with torch.no_grad():
+    np.testing.assert_allclose(exported(ids).logits.numpy(), model(ids).logits.numpy(),
+                               rtol=1e-5, atol=1e-5)
+  with pytest.raises(UserError, match="is not empty"):
+    export_hf(run, str(tmp_path / "out"))
+
+
+def test_a_run_gpt2_cannot_express_is_a_one_line_refusal(imported, tmp_path):
+  import dataclasses
+
+  from transformer_jax.interop.hf_export import export_hf
+  from transformer_jax.model.decoder_only import DecoderOnly
+
+  _, run = imported
+  post_ln = dataclasses.replace(run, model=DecoderOnly(dict(run.model.config.__dict__, norm="post")))
+  with pytest.raises(UserError, match="config.model.norm='post' cannot be written as GPT-2"):
+    export_hf(post_ln, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_gpt2_finetune_trains_on_multi30k_from_the_import(imported, data_dir, tmp_path):
+  """experiments/configs/gpt2_finetune.py: the German side through GPT-2's own BPE, the
+  imported weights as the start (its loss at step 0 is the import's), a few steps."""
+  from transformer_jax.configs import load_module, validate_config
+  from transformer_jax.tasks.registry import make_task
+  from transformer_jax.training.loop import train_and_evaluate
+
+  report, _ = imported
+  config = load_module(f"{REPO}/experiments/configs/gpt2_finetune.py",
+                       "config_gpt2_finetune").get_config(report.workdir)
+  config.data.update(dict(data_dir=str(data_dir), prepared_dir=str(tmp_path / "prepared"),
+                          max_len=32, tokens_per_batch=256))
+  config.update(dict(num_train_steps=4, eval_every_steps=4, checkpoint_every_steps=4,
+                     log_every_steps=2, warmup_steps=2))
+  validate_config(config)
+  task = make_task(config)
+  train_and_evaluate(config, str(tmp_path / "ft"), task)
+  dev = [json.loads(line) for line in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in dev if r["split"] == "eval"] == [4]
+  assert np.isfinite(dev[-1]["perplexity"])

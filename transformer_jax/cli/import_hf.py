@@ -2,13 +2,15 @@
 
   python -m transformer_jax.import_hf --model_dir=gpt2 --workdir=runs/gpt2
   python -m transformer_jax.generate --workdir=runs/gpt2 --prompt="Hello" --temperature=0
+  python -m transformer_jax.import_hf --model_dir=bert-base-uncased --workdir=runs/bert
 
 --model_dir holds config.json, model.safetensors (or pytorch_model.bin, which needs
-torch) and the tokenizer's files. model_type "gpt2" (GPT2LMHeadModel: a causal_lm run
-that `generate` and `train --config.init_from` read; needs `pip install -e '.[hf]'` for
-its tokenizer) and "marian" (MarianMTModel, opus-mt: a translation run, as
-`import_marian` writes) are supported; any other is a one-line refusal that writes
-nothing.
+torch) and the tokenizer's files. Supported model_types: "gpt2" (GPT2LMHeadModel: a
+causal_lm run that `generate` and `train --config.init_from` read), "bert"
+(BertForMaskedLM: a masked_lm run, which a classifier's `--config.init_from` reads) and
+"marian" (MarianMTModel, opus-mt: a translation run, as `import_marian` writes). GPT-2's
+and BERT's tokenizers need `pip install -e '.[hf]'`. Any other model is a one-line
+refusal that writes nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from absl import app, flags
 
 from transformer_jax.cli import common
 from transformer_jax.errors import UserError, exit_on_user_error
+from transformer_jax.interop.bert import import_bert
 from transformer_jax.interop.gpt2 import import_gpt2
 from transformer_jax.interop.marian import import_marian
 
 FLAGS = common.FLAGS
-SUPPORTED = ("gpt2", "marian")
+SUPPORTED = ("gpt2", "bert", "marian")
 
 
 def model_type(model_dir: str) -> str:
@@ -55,6 +58,10 @@ def main(argv: list[str]) -> None:
     report = import_gpt2(FLAGS.model_dir, workdir)
     print(f"imported GPT-2: {report.num_parameters:,} parameters into {report.workdir} "
           f"(vocabulary of {report.vocab_size:,} ids: GPT-2's with PAD and UNK added)")
+  elif kind == "bert":
+    report = import_bert(FLAGS.model_dir, workdir)
+    print(f"imported BERT: {report.num_parameters:,} parameters into {report.workdir} "
+          f"(vocabulary of {report.vocab_size:,} ids, [MASK] last)")
   else:
     report = import_marian(FLAGS.model_dir, workdir)
     print(f"imported Marian: {report.num_parameters:,} parameters into {report.workdir}")

@@ -41,15 +41,21 @@ def reserved_ids(published_size: int, roles: dict[str, int]) -> np.ndarray:
   return np.array(head + [i for i in range(published_size) if i not in taken], np.int64)
 
 
-def write(tokenizer_json: str | os.PathLike, their_ids: np.ndarray, dest: str | os.PathLike
-          ) -> Path:
-  """Writes our tokenizer file: Hugging Face's tokenizer.json and the id table."""
+def read_published(tokenizer_json: str | os.PathLike) -> dict:
+  """Hugging Face's tokenizer.json as a dict; a one-line error where it is missing."""
   try:
     with open(tokenizer_json, encoding="utf-8") as f:
-      published = json.load(f)
+      return json.load(f)
   except FileNotFoundError:
     raise UserError(f"{tokenizer_json} does not exist; the model directory needs the fast "
                     "tokenizer's tokenizer.json (save it with save_pretrained)") from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise UserError(f"{tokenizer_json} is not JSON ({e})") from None
+
+
+def write(published: dict, their_ids: np.ndarray, dest: str | os.PathLike) -> Path:
+  """Writes our tokenizer file: Hugging Face's tokenizer.json (`read_published`) and the id
+  table."""
   dest = Path(dest)
   dest.parent.mkdir(parents=True, exist_ok=True)
   dest.write_text(json.dumps(dict(format=FORMAT, their_ids=[int(i) for i in their_ids],
@@ -72,6 +78,7 @@ class HFTokenizer:
     if document.get("format") != FORMAT:
       raise UserError(f"{self.path} is JSON but not a tokenizer this package wrote")
     self.their_ids = np.asarray(document["their_ids"], np.int64)
+    self.published = document["tokenizer"]  # Hugging Face's tokenizer.json, as a dict.
     self._hf = tokenizers.Tokenizer.from_str(json.dumps(document["tokenizer"]))
     self._ours = np.full(max(self._hf.get_vocab_size(), int(self.their_ids.max()) + 1),
                          special_tokens.UNK_ID, np.int64)

@@ -5,7 +5,7 @@ final norm, learned positions, GELU's tanh approximation, biases on the attentio
 projections, LayerNorm ε 1e-5, the output tied to the token embedding, and no
 ×√d_model on the embeddings. Its byte-level BPE is read through the `tokenizers`
 package (`data/hf_tokenizer.py`): <|endoftext|> becomes our BOS and EOS, and GPT-2,
-which has no PAD or UNK, gets rows for them that a logit bias of -1e9 keeps from ever
+which has no PAD or UNK, gets zero rows for them that `unused_tokens` keeps from ever
 being predicted.
 
 `import_gpt2(model_dir, workdir)` reads a local directory (config.json,
@@ -20,18 +20,15 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
-from transformer_jax.configs import default_config
 from transformer_jax.data import hf_tokenizer
 from transformer_jax.errors import UserError
-from transformer_jax.interop.imported_run import (check_against_model, new_workdir,
-                                                  read_hf_config, read_weights, save_run)
+from transformer_jax.interop.imported_run import (read_hf_config, read_weights, run_config,
+                                                  write_hf_run)
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.tasks.causal_lm import CausalLMTask
 
-NEVER = -1e9  # The logit bias of the rows GPT-2 lacks (PAD, UNK).
 # config.json fields whose other values this model does not express: field -> the value needed.
 _REQUIRED = {"activation_function": "gelu_new", "scale_attn_weights": True,
              "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
@@ -51,15 +48,15 @@ def read_config(model_dir: str) -> dict:
   return read_hf_config(model_dir, "gpt2", "GPT-2 (GPT2LMHeadModel)", _REQUIRED)
 
 
-def model_section(hf: dict, vocab_size: int) -> dict:
-  """`config.model` for the GPT-2 of config.json `hf`, with our `vocab_size`."""
+def model_section(hf: dict, ids: np.ndarray) -> dict:
+  """`config.model` for the GPT-2 of config.json `hf`; `ids`: GPT-2's id of each of ours."""
   return dict(
-      vocab_size=vocab_size, num_layers=hf["n_layer"], d_model=hf["n_embd"],
+      vocab_size=len(ids), unused_tokens=tuple(int(i) for i in np.flatnonzero(ids < 0)), num_layers=hf["n_layer"], d_model=hf["n_embd"],
       d_ff=hf.get("n_inner") or 4 * hf["n_embd"], num_heads=hf["n_head"],
       dropout_rate=float(hf.get("resid_pdrop", 0.1)),
       attention_dropout_rate=float(hf.get("attn_pdrop", 0.1)), relu_dropout_rate=0.0,
       positions="learned", max_len=hf["n_positions"], activation="gelu_tanh",
-      attention_bias=True, logits_bias=True, tie_output=True, embedding_scale=False,
+      attention_bias=True, tie_output=True, embedding_scale=False,
       layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)), norm="pre")
 
 
@@ -91,7 +88,6 @@ def convert_params(weights: dict[str, np.ndarray], hf: dict, ids: np.ndarray,
       "token_embedding": {"embedding": rows},
       "embed": {"positions": {"position_embedding": get("wpe.weight")}},
       "decoder_norm": norm("ln_f"),
-      "logits_bias": {"bias": np.where(ids >= 0, 0.0, NEVER).astype(np.float32)},
   }
   for i in range(hf["n_layer"]):
     prefix = f"h.{i}"
@@ -114,29 +110,16 @@ def convert_params(weights: dict[str, np.ndarray], hf: dict, ids: np.ndarray,
   return params
 
 
-def run_config(model: dict) -> ml_collections.ConfigDict:
-  """The run directory's config: a causal LM of this model."""
-  config = default_config()
-  config.task = CausalLMTask.name
-  config.model.update(model)
-  config.data.max_len = model["max_len"]
-  config.label_smoothing = 0.0
-  config.num_train_steps = 0
-  return config
-
-
 def import_gpt2(model_dir: str, workdir: str) -> ImportReport:
   """Writes the run directory `workdir` for the GPT-2 in `model_dir` (module docstring)."""
   model_dir = os.path.abspath(model_dir)
   hf = read_config(model_dir)
   ids = their_ids(hf)
-  config = run_config(model_section(hf, len(ids)))
+  config = run_config(CausalLMTask.name, model_section(hf, ids))
   model = DecoderOnly(config.model)  # Validates the model section before anything is written.
   params = convert_params(read_weights(model_dir), hf, ids, model_dir)
-  check_against_model(params, lambda: model.init(jax.random.key(0), np.ones((1, 2), np.int32)))
-  workdir = new_workdir(workdir)
-  tokenizer_path = hf_tokenizer.write(os.path.join(model_dir, "tokenizer.json"), ids,
-                                      os.path.join(workdir, "tokenizer.model"))
-  tokenizer = hf_tokenizer.HFTokenizer(tokenizer_path)
-  count = save_run(workdir, config, params, tokenizer.sha256)
-  return ImportReport(workdir, count, len(ids), ids)
+  published = hf_tokenizer.read_published(os.path.join(model_dir, "tokenizer.json"))
+  count = write_hf_run(workdir, config, params,
+                       lambda: model.init(jax.random.key(0), np.ones((1, 2), np.int32)),
+                       published, ids)
+  return ImportReport(os.path.abspath(workdir), count, len(ids), ids)

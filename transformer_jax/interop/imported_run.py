@@ -15,6 +15,8 @@ import numpy as np
 from flax import traverse_util
 from safetensors.numpy import load_file
 
+from transformer_jax.configs import default_config
+from transformer_jax.data import hf_tokenizer
 from transformer_jax.errors import UserError
 from transformer_jax.training import checkpoints
 from transformer_jax.training.schedules import OptimizerConfig, make_optimizer
@@ -85,6 +87,28 @@ def check_against_model(params: dict, init: Callable[[], Any]) -> None:
   extra = sorted("/".join(path) for path in set(got) - set(expected))
   if extra:
     raise UserError(f"the import made parameter {extra[0]}, which this model lacks")
+
+
+def run_config(task: str, model: dict) -> ml_collections.ConfigDict:
+  """The config of an imported one-stack model's run: `task` on rows of its positions."""
+  config = default_config()
+  config.task = task
+  config.model.update(model)
+  config.data.max_len = model["max_len"]
+  config.label_smoothing = 0.0
+  config.num_train_steps = 0
+  return config
+
+
+def write_hf_run(workdir: str, config: ml_collections.ConfigDict, params: dict,
+                 init: Callable[[], Any], published: dict, their_ids: np.ndarray) -> int:
+  """Checks `params` against `init()`, then writes `workdir`: tokenizer.model (the published
+  tokenizer with `their_ids`), config.json and the step-0 checkpoint. Returns the parameter
+  count; nothing is written where a check fails."""
+  check_against_model(params, init)
+  workdir = new_workdir(workdir)
+  path = hf_tokenizer.write(published, their_ids, os.path.join(workdir, "tokenizer.model"))
+  return save_run(workdir, config, params, hf_tokenizer.HFTokenizer(path).sha256)
 
 
 def new_workdir(workdir: str) -> str:

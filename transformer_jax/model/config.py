@@ -86,8 +86,11 @@ class ModelConfig:
                                   # "gelu_tanh" (GELU's tanh approximation); "swiglu" | "geglu":
                                   # gated, d_ff stays the hidden width.
   embedding_scale: bool = True    # Token embeddings × √d_model (§3.4); GPT-2 and BERT: False.
+  embedding_norm: bool = False    # A LayerNorm on the embeddings plus positions (BERT).
   attention_bias: bool = False    # Biases on the attention projections (Marian has them).
   logits_bias: bool = False       # A bias on the output logits (Marian's final_logits_bias).
+  unused_tokens: tuple[int, ...] = ()  # Ids never predicted (logit -1e9): rows a published
+                                  # vocabulary lacks (GPT-2's PAD and UNK).
   max_len: int = 512              # Learned positions only; sinusoids have no limit.
   norm: str = "post"              # "post" (the paper) | "pre".
   norm_type: str = "layernorm"    # "layernorm" (the paper) | "rmsnorm" (x / RMS(x) · g, no mean
@@ -164,8 +167,13 @@ class ModelConfig:
     if self.num_kv_heads < 0 or self.num_heads % num_kv_heads:
       raise UserError(f"config.model.num_kv_heads={self.num_kv_heads} does not divide "
                       f"num_heads={self.num_heads}; use a divisor (1: multi-query attention)")
+    unused = tuple(int(i) for i in self.unused_tokens)  # A list, read back from JSON.
+    if any(not 0 <= i < self.vocab_size for i in unused):
+      raise UserError(f"config.model.unused_tokens={list(unused)} must be ids below "
+                      f"vocab_size={self.vocab_size}")
     head_depth = self.d_model // self.num_heads
     resolved = dict(
+        unused_tokens=unused,
         num_encoder_layers=self.num_encoder_layers or self.num_layers,
         num_decoder_layers=self.num_decoder_layers or self.num_layers,
         num_kv_heads=num_kv_heads,

@@ -12,6 +12,7 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.layers import (
+    ACTIVATION_FUNCTIONS,
     default_positions,
     dense,
     embed_tokens,
@@ -71,7 +72,9 @@ class EncoderOnly(nn.Module):
     if self.head == "classify":
       return self.classify(x, tokens != PAD_ID, train)
     x = dense(config, config.d_model, ("embed", "mlp"), "head_transform")(x)
-    x = layer_norm(config, "head_norm")(nn.gelu(x))
+    # BERT's transform uses its hidden activation; GELU's tanh form unless that is a GELU.
+    activation = config.activation if config.activation in ("gelu", "gelu_tanh") else "gelu_tanh"
+    x = layer_norm(config, "head_norm")(ACTIVATION_FUNCTIONS[activation](x))
     return vocabulary_logits(config, token_embedding, x)
 
   def classify(self, encoded: Array, valid: Array, train: bool) -> Array:

@@ -93,8 +93,8 @@ def lookup(embedding: nn.Embed, tokens: Array, config: ModelConfig) -> Array:
 
 
 class EmbedTokens(nn.Module):
-  """Token embedding × √d_model (§3.4; `embedding_scale`) + positions (§3.5), then dropout
-  (§5.4)."""
+  """Token embedding × √d_model (§3.4; `embedding_scale`) + positions (§3.5), a LayerNorm
+  where `embedding_norm` (BERT), then dropout (§5.4)."""
 
   config: ModelConfig
   embedding: nn.Embed
@@ -109,6 +109,8 @@ class EmbedTokens(nn.Module):
     embedded = PositionalEncoding(
         config.positions, config.d_model, config.max_len, config.sinusoid_layout,
         name="positions")(embedded, positions)
+    if config.embedding_norm:
+      embedded = layer_norm(config, "norm")(embedded)
     embedded = Dropout(config.dropout_rate)(embedded, deterministic=not train)
     return nn.with_logical_constraint(embedded, ACTIVATION)
 
@@ -327,19 +329,25 @@ def vocabulary_logits(config: ModelConfig, token_embedding: nn.Embed, x: Array) 
   return LogitsBias(config, name="logits_bias")(logits)
 
 
+NEVER_LOGIT = -1e9  # The logit of `config.unused_tokens`.
+
+
 class LogitsBias(nn.Module):
-  """float32 logits [..., vocab] + a learned bias where `config.logits_bias` (Marian's)."""
+  """float32 logits [..., vocab] + a learned bias where `config.logits_bias` (Marian's);
+  NEVER_LOGIT at `config.unused_tokens`."""
 
   config: ModelConfig
 
   @nn.compact
   def __call__(self, logits: Array) -> Array:
     logits = logits.astype(jnp.float32)
-    if not self.config.logits_bias:
-      return logits
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-                      (self.config.vocab_size,))
-    return logits + bias
+    if self.config.logits_bias:
+      logits = logits + self.param(
+          "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+          (self.config.vocab_size,))
+    if self.config.unused_tokens:
+      logits = logits.at[..., jnp.asarray(self.config.unused_tokens)].set(NEVER_LOGIT)
+    return logits
 
 
 def output_dense(config: ModelConfig) -> nn.Dense:
