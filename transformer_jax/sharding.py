@@ -207,6 +207,13 @@ def logical_shardings(abstract_boxed_tree: Any, mesh: Mesh) -> Any:
   return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
 
 
+def sharded_shapes(abstract_boxed_tree: Any, mesh: Mesh) -> Any:
+  """The tree's leaves as ShapeDtypeStructs placed on `mesh` by the logical-axis rules: what
+  restoring, lowering or compiling from shapes alone takes."""
+  return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                      nn.unbox(abstract_boxed_tree), logical_shardings(abstract_boxed_tree, mesh))
+
+
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """Assembles each process's rows into global arrays sharded over the batch axes.
 

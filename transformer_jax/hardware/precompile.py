@@ -278,9 +278,7 @@ def _abstract_params(task: Task, model: nn.Module, mesh: Mesh) -> Any:
   """The model's parameters as ShapeDtypeStructs laid out on `mesh` by the rule table."""
   with target_platform(mesh):
     boxed = abstract_params(functools.partial(task.init_params, model))
-  shardings = sharding.logical_shardings(boxed, mesh)
-  return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
-                      nn.unbox(boxed), shardings)
+  return sharding.sharded_shapes(boxed, mesh)
 
 
 def compile_decoding(config: ml_collections.ConfigDict, target: Target, mesh: dict[str, int],

@@ -69,9 +69,7 @@ def _abstract_state(config: ml_collections.ConfigDict, init_params: InitParams, 
 def _abstract_params(init_params: InitParams, mesh: Mesh) -> dict:
   """The step and the parameters as ShapeDtypeStructs on `mesh`: the part of a saved
   TrainState that inference reads."""
-  boxed = jax.eval_shape(init_params, jax.random.key(0))
-  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        nn.unbox(boxed), sharding.logical_shardings(boxed, mesh))
+  params = sharding.sharded_shapes(jax.eval_shape(init_params, jax.random.key(0)), mesh)
   step = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
   return dict(step=step, params=params)
 

@@ -55,7 +55,4 @@ def abstract_train_state(
 ) -> TrainState:
   """ShapeDtypeStructs (with shardings on `mesh`) of the TrainState, for restoring."""
   boxed = jax.eval_shape(initial_state_fn(init_params, optimizer), jax.random.key(0))
-  shardings = sharding.logical_shardings(boxed, mesh)
-  return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.unbox(boxed), shardings
-  )
+  return sharding.sharded_shapes(boxed, mesh)
