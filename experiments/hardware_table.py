@@ -181,6 +181,39 @@ def meshes_section(out: pathlib.Path) -> str:
   return "\n".join(lines) or "None compiled yet."
 
 
+DECODING_TASKS = ("translation", "prefix_lm", "causal_lm")
+GQA_RECIPE, GQA_KV_HEADS = "wmt14_big", (16, 8, 4, 2, 1)
+
+
+def kv_cache_table() -> str:
+  """Bytes of the decoding cache a token a row, per decoding recipe, and for wmt14_big with
+  fewer key/value heads (grouped-query attention, config.model.num_kv_heads)."""
+  from transformer_jax.configs import load_module  # Imports JAX: only when writing.
+  from transformer_jax.model.config import ModelConfig
+  from transformer_jax.model.info import kv_cache_bytes_per_token
+
+  lines = ["| recipe | decoder layers | key/value heads of heads | KV cache a token a row | "
+           "tokens a row in 1 GiB |", "|" + " --- |" * 5]
+
+  def row(name: str, model: ModelConfig) -> str:
+    per_token = kv_cache_bytes_per_token(model)
+    return (f"| {name} | {model.num_decoder_layers} | {model.num_kv_heads} of "
+            f"{model.num_heads} | {per_token / 1024:,.1f} KiB | {GiB // per_token:,} |")
+
+  for recipe, (file, _) in RECIPES.items():
+    config = load_module(REPO / "experiments" / "configs" / file, f"config_{recipe}").get_config()
+    if config.task not in DECODING_TASKS:
+      continue
+    model = ModelConfig.from_config(config.model)
+    lines.append(row(f"`{recipe}`", model))
+    if recipe == GQA_RECIPE:
+      for kv_heads in GQA_KV_HEADS:
+        if kv_heads != model.num_heads:
+          lines.append(row(f"`{recipe}`, num_kv_heads={kv_heads}",
+                           ModelConfig.from_config(dict(config.model, num_kv_heads=kv_heads))))
+  return "\n".join(lines)
+
+
 def write_readme(out: pathlib.Path) -> None:
   cells = {}
   for path in sorted((out / "cells").glob("*.json")):
@@ -195,7 +228,8 @@ def write_readme(out: pathlib.Path) -> None:
   limits = limits_table(cells)
   (out / "README.md").write_text(README.format(date=datetime.date.today(), host=host(),
                                                table=table, limits=limits,
-                                               meshes=meshes_section(out)))
+                                               meshes=meshes_section(out),
+                                               kv_cache=kv_cache_table()))
 
 
 README = """# Which hardware each recipe fits
@@ -247,6 +281,19 @@ it; on the H100 its peak is below 79.1 GiB). Doubling steps: the true limit lies
 the two figures. `experiments/hardware_table.py --limits`.
 
 {limits}
+
+## Decoding memory: the KV cache
+
+What the decoding cache holds for each token of each row (beam hypotheses count as rows):
+every decoder layer's keys and values, in the matmul operand dtype
+(`model.info.kv_cache_bytes_per_token`, also printed by `model_info`; an encoder-decoder's
+cross-attention holds as much again for each source token). Grouped-query attention
+(`config.model.num_kv_heads`) divides it by num_heads / num_kv_heads; the `wmt14_big` rows
+below are that recipe with fewer key/value heads (computed from shapes, not compiled).
+`multi30k`'s `matmul_dtype='auto'` is resolved on the host writing this table (float32 on a
+CPU without native bfloat16; bfloat16, half the bytes, on TPUs and GPUs).
+
+{kv_cache}
 """
 
 
