@@ -168,8 +168,8 @@ def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_varia
     (dict(attention_window=-1), "config.model.attention_window=-1 must be an integer >= 0"),
     (dict(attention_window=4, attention_impl="pallas"),
      "config.model.attention_impl='pallas' takes no sliding window"),
-    (dict(positions="alibi", attention_impl="xla"),
-     "config.model.attention_impl='xla' takes no ALiBi bias"),
+    (dict(positions="alibi", attention_impl="pallas"),
+     "config.model.attention_impl='pallas' takes no ALiBi bias"),
     (dict(positions="t5_bias", attention_impl="chunked"),
      "config.model.attention_impl='chunked' takes no T5 relative bias"),
     (dict(relative_buckets=7), "config.model.relative_buckets=7 must be even and >= 4"),
@@ -408,3 +408,32 @@ def test_t5_bias_is_one_table_a_stack_shared_by_its_layers(tiny_model_config):
   changed = dict(params, encoder_relative_bias=shifted)
   assert not np.allclose(model.apply({"params": params}, SRC, SRC),
                          model.apply({"params": changed}, SRC, SRC))
+
+
+@pytest.mark.parametrize("positions", ["alibi", "t5_bias"])
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
+def test_xla_attention_with_a_score_bias_equals_plain_in_outputs_and_gradients(
+    tiny_model_config, positions, family):
+  """ALiBi's and T5's biases as jax.nn.dot_product_attention's bias: the same logits and the
+  same gradients (the T5 table's included) as the plain path's."""
+  tokens = jnp.array([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 0, 0, 0]])
+  models = [(Transformer if family == "encoder_decoder" else DecoderOnly)(
+      _config(tiny_model_config.copy_and_resolve_references(), positions=positions,
+              attention_impl=impl)) for impl in ("plain", "xla")]
+  args = (tokens, tokens) if family == "encoder_decoder" else (tokens,)
+  params = nn.unbox(jax.jit(models[0].init)(jax.random.key(0), *args)["params"])
+  valid = np.asarray(tokens != 0)
+
+  def loss(model, p):
+    scores = jax.nn.log_softmax(model.apply({"params": p}, *args))[..., 3] ** 2
+    return jnp.sum(jnp.where(valid, scores, 0.0)) / valid.sum()
+
+  plain, xla = (np.asarray(m.apply({"params": params}, *args)) for m in models)
+  np.testing.assert_allclose(xla[valid], plain[valid], rtol=1e-5, atol=1e-5)
+  plain_grads, xla_grads = (jax.grad(lambda p, m=m: loss(m, p))(params) for m in models)
+  for path, a in flax.traverse_util.flatten_dict(plain_grads, sep="/").items():
+    b = flax.traverse_util.flatten_dict(xla_grads, sep="/")[path]
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6, err_msg=path)
+  if positions == "t5_bias":
+    assert any("relative_bias" in path for path in flax.traverse_util.flatten_dict(
+        xla_grads, sep="/"))

@@ -5,10 +5,11 @@ Masks are `masking.AttentionMask`s (which keys each query may see, kept as
 vectors); the plain path expands one into bool[batch, 1, q_len, k_len].
 
 Implementations (`config.model.attention_impl`):
-  plain    einsum, softmax, einsum here; O(n²) memory. Attention dropout.
-  xla      `jax.nn.dot_product_attention`'s XLA path; O(n²).
+  plain    einsum, softmax, einsum here; O(n²) memory. Attention dropout, ALiBi, T5 bias.
+  xla      `jax.nn.dot_product_attention`'s XLA path; O(n²). ALiBi and T5's bias as
+           its score bias.
   chunked  blocks with an online softmax (chunked_attention.py), any backend;
-           O(n·block) memory; attention dropout.
+           O(n·block) memory; attention dropout, ALiBi a block at a time.
   pallas   JAX's Pallas flash kernels on GPU (self-attention only) and TPU
            (flash_attention.py); padding, packing and causal masks; no dropout.
   cudnn    cuDNN's flash attention through `jax.nn.dot_product_attention`;
@@ -44,8 +45,8 @@ Array = jax.Array
 ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "chunked", "pallas", "cudnn")
 WITH_ATTENTION_DROPOUT = ("plain", "chunked")
 WINDOWED_ATTENTION = ("plain", "xla", "chunked")  # Take AttentionMask.window.
-WITH_ALIBI = ("plain", "chunked")  # Add ALiBi's bias to the scores.
-WITH_RELATIVE_BIAS = ("plain",)  # Add T5's learned relative bias to the scores.
+WITH_ALIBI = ("plain", "chunked", "xla")  # Add ALiBi's bias to the scores.
+WITH_RELATIVE_BIAS = ("plain", "xla")  # Add T5's learned relative bias to the scores.
 CUDNN_MIN_COMPUTE_CAPABILITY = 8.0  # cuDNN's flash attention: Ampere (sm80) and later.
 
 # Large negative logit for masked positions: finite, so a fully masked row
@@ -129,6 +130,7 @@ def dot_product_attention(
     dropout_key: Array | None = None,
     block_size: int = DEFAULT_BLOCK,
     alibi_slopes: tuple[float, ...] = (),
+    bias: Array | None = None,
 ) -> Array:
   """Scaled dot-product attention, [batch, q_len, heads, d_v].
 
@@ -144,19 +146,24 @@ def dot_product_attention(
     dropout_rate, dropout_key: dropout on the attention weights (plain and
       chunked only).
     block_size: the chunked path's block.
-    alibi_slopes: ALiBi's per-head slopes over the mask's positions (plain and chunked).
+    alibi_slopes: ALiBi's per-head slopes over the mask's positions (plain, chunked, xla).
+    bias: float32[batch or 1, heads, q_len, k_len] added to the scores (T5's relative bias;
+      plain and xla), or None.
   """
   q_len, k_len = query.shape[1], key.shape[1]
   if alibi_slopes and implementation not in WITH_ALIBI:
     raise UserError(f"attention_impl={implementation!r} has no ALiBi bias; use one of "
                     f"{', '.join(WITH_ALIBI)}")
+  if bias is not None and implementation not in WITH_RELATIVE_BIAS:
+    raise UserError(f"attention_impl={implementation!r} adds no bias to the scores; use one of "
+                    f"{', '.join(WITH_RELATIVE_BIAS)}")
   if dropout_rate > 0.0 and implementation not in WITH_ATTENTION_DROPOUT:
     raise UserError(f"attention_impl={implementation!r} has no attention dropout; use one of "
                      f"{', '.join(WITH_ATTENTION_DROPOUT)} or attention_dropout_rate=0")
+  if alibi_slopes and implementation in ("plain", "xla"):
+    alibi = alibi_bias(alibi_slopes, (mask or AttentionMask()).distance(0, q_len, 0, k_len))
+    bias = alibi if bias is None else bias + alibi
   if implementation == "plain":
-    bias = None
-    if alibi_slopes:
-      bias = alibi_bias(alibi_slopes, (mask or AttentionMask()).distance(0, q_len, 0, k_len))
     weights = dot_product_attention_weights(query, key, _dense(mask, q_len, k_len), matmul_dtype,
                                             bias)
     if dropout_rate > 0.0:
@@ -181,10 +188,13 @@ def dot_product_attention(
   dense = _dense(mask, q_len, k_len)
   if dense is not None:
     dense = jnp.broadcast_to(dense, (query.shape[0], 1, q_len, k_len))
+  if bias is not None:  # xla: the score bias, [batch, heads, q, k] as the function wants it.
+    bias = jnp.broadcast_to(bias, (query.shape[0], query.shape[2], q_len, k_len))
   out = jax.nn.dot_product_attention(
       pad(query),
       pad(key),
       pad(value),
+      bias=bias,
       mask=dense,
       scale=float(d_k) ** -0.5,
       implementation=implementation if implementation == "cudnn" else "xla",
@@ -381,9 +391,9 @@ class MultiHeadAttention(nn.Module):
       if relative_bias_table is not None and self.implementation not in WITH_RELATIVE_BIAS:
         raise UserError(f"attention_impl={self.implementation!r} has no T5 relative bias; use "
                         f"{', '.join(WITH_RELATIVE_BIAS)}")
+      distance = lambda: (mask or AttentionMask()).distance(0, query.shape[1], 0, key.shape[1])
       if self.implementation == "plain":
         bias = None
-        distance = lambda: (mask or AttentionMask()).distance(0, query.shape[1], 0, key.shape[1])
         if slopes:
           bias = alibi_bias(slopes, distance())
         if relative_bias_table is not None:
@@ -398,11 +408,15 @@ class MultiHeadAttention(nn.Module):
           weights = Dropout(rate=self.dropout_rate, deterministic=False)(weights)
         attended = weighted_values(weights, value, self.matmul_dtype)
       else:
+        bias = None
+        if relative_bias_table is not None:
+          bias = relative_bias(relative_bias_table, distance(), self.relative_bidirectional,
+                               self.relative_max_distance)
         attended = dot_product_attention(
             query, key, value, mask, self.implementation, self.matmul_dtype,
             dropout_rate=self.dropout_rate if use_dropout else 0.0,
             dropout_key=self.make_rng("dropout") if use_dropout else None,
-            block_size=self.block_size, alibi_slopes=slopes,
+            block_size=self.block_size, alibi_slopes=slopes, bias=bias,
         )
     output_kernel = self._kernel(
         "out", (self.num_heads, self.d_v, self.d_model), ("heads", "kv", "embed"), (0, 1)
