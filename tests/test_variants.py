@@ -170,8 +170,8 @@ def test_chunked_attention_equals_plain_in_outputs_and_gradients_for_every_varia
      "config.model.attention_impl='pallas' takes no sliding window"),
     (dict(positions="alibi", attention_impl="pallas"),
      "config.model.attention_impl='pallas' takes no ALiBi bias"),
-    (dict(positions="t5_bias", attention_impl="chunked"),
-     "config.model.attention_impl='chunked' takes no T5 relative bias"),
+    (dict(positions="t5_bias", attention_impl="pallas"),
+     "config.model.attention_impl='pallas' takes no T5 relative bias"),
     (dict(relative_buckets=7), "config.model.relative_buckets=7 must be even and >= 4"),
     (dict(relative_max_distance=16), "config.model.relative_max_distance=16 must exceed "
                                      "relative_buckets / 2 = 16"),
@@ -410,16 +410,19 @@ def test_t5_bias_is_one_table_a_stack_shared_by_its_layers(tiny_model_config):
                          model.apply({"params": changed}, SRC, SRC))
 
 
+@pytest.mark.parametrize("implementation", ["xla", "chunked"])
 @pytest.mark.parametrize("positions", ["alibi", "t5_bias"])
 @pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
-def test_xla_attention_with_a_score_bias_equals_plain_in_outputs_and_gradients(
-    tiny_model_config, positions, family):
-  """ALiBi's and T5's biases as jax.nn.dot_product_attention's bias: the same logits and the
-  same gradients (the T5 table's included) as the plain path's."""
+def test_a_score_bias_equals_plain_in_outputs_and_gradients(
+    tiny_model_config, implementation, positions, family):
+  """ALiBi's and T5's biases as jax.nn.dot_product_attention's bias (xla) or a block at a
+  time (chunked, blocks of 2 tokens, the T5 table's gradient summed by bucket in its own
+  backward pass): the same logits and gradients, the tables' included, as the plain path's."""
   tokens = jnp.array([[5, 6, 7, 8, 9, 10, 11, 12], [13, 14, 15, 16, 17, 0, 0, 0]])
   models = [(Transformer if family == "encoder_decoder" else DecoderOnly)(
       _config(tiny_model_config.copy_and_resolve_references(), positions=positions,
-              attention_impl=impl)) for impl in ("plain", "xla")]
+              attention_impl=impl, attention_block_size=2))
+      for impl in ("plain", implementation)]
   args = (tokens, tokens) if family == "encoder_decoder" else (tokens,)
   params = nn.unbox(jax.jit(models[0].init)(jax.random.key(0), *args)["params"])
   valid = np.asarray(tokens != 0)
@@ -428,12 +431,13 @@ def test_xla_attention_with_a_score_bias_equals_plain_in_outputs_and_gradients(
     scores = jax.nn.log_softmax(model.apply({"params": p}, *args))[..., 3] ** 2
     return jnp.sum(jnp.where(valid, scores, 0.0)) / valid.sum()
 
-  plain, xla = (np.asarray(m.apply({"params": params}, *args)) for m in models)
-  np.testing.assert_allclose(xla[valid], plain[valid], rtol=1e-5, atol=1e-5)
-  plain_grads, xla_grads = (jax.grad(lambda p, m=m: loss(m, p))(params) for m in models)
-  for path, a in flax.traverse_util.flatten_dict(plain_grads, sep="/").items():
-    b = flax.traverse_util.flatten_dict(xla_grads, sep="/")[path]
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6, err_msg=path)
-  if positions == "t5_bias":
-    assert any("relative_bias" in path for path in flax.traverse_util.flatten_dict(
-        xla_grads, sep="/"))
+  plain, other = (np.asarray(m.apply({"params": params}, *args)) for m in models)
+  np.testing.assert_allclose(other[valid], plain[valid], rtol=1e-5, atol=1e-5)
+  plain_grads, other_grads = (flax.traverse_util.flatten_dict(
+      jax.grad(lambda p, m=m: loss(m, p))(params), sep="/") for m in models)
+  for path, a in plain_grads.items():
+    np.testing.assert_allclose(np.asarray(other_grads[path]), np.asarray(a), rtol=1e-4,
+                               atol=1e-5, err_msg=path)
+  tables = [path for path in plain_grads if "relative_bias" in path]
+  assert bool(tables) == (positions == "t5_bias")
+  assert all(np.abs(np.asarray(plain_grads[path])).sum() > 0 for path in tables)

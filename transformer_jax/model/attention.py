@@ -9,7 +9,7 @@ Implementations (`config.model.attention_impl`):
   xla      `jax.nn.dot_product_attention`'s XLA path; O(n²). ALiBi and T5's bias as
            its score bias.
   chunked  blocks with an online softmax (chunked_attention.py), any backend;
-           O(n·block) memory; attention dropout, ALiBi a block at a time.
+           O(n·block) memory; attention dropout, ALiBi and T5's bias a block at a time.
   pallas   JAX's Pallas flash kernels on GPU (self-attention only) and TPU
            (flash_attention.py); padding, packing and causal masks; no dropout.
   cudnn    cuDNN's flash attention through `jax.nn.dot_product_attention`;
@@ -38,7 +38,8 @@ from transformer_jax.model.dropout import Dropout, keep_mask
 from transformer_jax.model.flash_attention import pallas_attention
 from transformer_jax.model.masking import AttentionMask
 from transformer_jax.model.platform import compiling_for_local_devices, platform_in_force
-from transformer_jax.model.positions import alibi_bias, alibi_slopes, relative_bias, rotary
+from transformer_jax.model.positions import (RelativeBias, alibi_bias, alibi_slopes,
+                                             relative_bias, rotary)
 
 Array = jax.Array
 
@@ -46,7 +47,7 @@ ATTENTION_IMPLEMENTATIONS = ("plain", "xla", "chunked", "pallas", "cudnn")
 WITH_ATTENTION_DROPOUT = ("plain", "chunked")
 WINDOWED_ATTENTION = ("plain", "xla", "chunked")  # Take AttentionMask.window.
 WITH_ALIBI = ("plain", "chunked", "xla")  # Add ALiBi's bias to the scores.
-WITH_RELATIVE_BIAS = ("plain", "xla")  # Add T5's learned relative bias to the scores.
+WITH_RELATIVE_BIAS = ("plain", "xla", "chunked")  # Add T5's learned relative bias to the scores.
 CUDNN_MIN_COMPUTE_CAPABILITY = 8.0  # cuDNN's flash attention: Ampere (sm80) and later.
 
 # Large negative logit for masked positions: finite, so a fully masked row
@@ -130,7 +131,7 @@ def dot_product_attention(
     dropout_key: Array | None = None,
     block_size: int = DEFAULT_BLOCK,
     alibi_slopes: tuple[float, ...] = (),
-    bias: Array | None = None,
+    relative: RelativeBias | None = None,
 ) -> Array:
   """Scaled dot-product attention, [batch, q_len, heads, d_v].
 
@@ -147,22 +148,25 @@ def dot_product_attention(
       chunked only).
     block_size: the chunked path's block.
     alibi_slopes: ALiBi's per-head slopes over the mask's positions (plain, chunked, xla).
-    bias: float32[batch or 1, heads, q_len, k_len] added to the scores (T5's relative bias;
-      plain and xla), or None.
+    relative: T5's learned bias over the mask's positions (plain, xla, chunked), or None.
   """
   q_len, k_len = query.shape[1], key.shape[1]
   if alibi_slopes and implementation not in WITH_ALIBI:
     raise UserError(f"attention_impl={implementation!r} has no ALiBi bias; use one of "
                     f"{', '.join(WITH_ALIBI)}")
-  if bias is not None and implementation not in WITH_RELATIVE_BIAS:
-    raise UserError(f"attention_impl={implementation!r} adds no bias to the scores; use one of "
+  if relative is not None and implementation not in WITH_RELATIVE_BIAS:
+    raise UserError(f"attention_impl={implementation!r} has no T5 relative bias; use one of "
                     f"{', '.join(WITH_RELATIVE_BIAS)}")
   if dropout_rate > 0.0 and implementation not in WITH_ATTENTION_DROPOUT:
     raise UserError(f"attention_impl={implementation!r} has no attention dropout; use one of "
                      f"{', '.join(WITH_ATTENTION_DROPOUT)} or attention_dropout_rate=0")
-  if alibi_slopes and implementation in ("plain", "xla"):
-    alibi = alibi_bias(alibi_slopes, (mask or AttentionMask()).distance(0, q_len, 0, k_len))
-    bias = alibi if bias is None else bias + alibi
+  bias = None  # plain and xla: the biases as one [batch or 1, heads, q, k] matrix.
+  if implementation in ("plain", "xla") and (alibi_slopes or relative is not None):
+    distance = (mask or AttentionMask()).distance(0, q_len, 0, k_len)
+    if alibi_slopes:
+      bias = alibi_bias(alibi_slopes, distance)
+    if relative is not None:
+      bias = relative.dense(distance) if bias is None else bias + relative.dense(distance)
   if implementation == "plain":
     weights = dot_product_attention_weights(query, key, _dense(mask, q_len, k_len), matmul_dtype,
                                             bias)
@@ -173,7 +177,8 @@ def dot_product_attention(
   if implementation == "chunked":
     return chunked_attention(query, key, value, mask, block_size=block_size,
                              matmul_dtype=matmul_dtype, dropout_rate=dropout_rate,
-                             dropout_key=dropout_key, alibi_slopes=alibi_slopes)
+                             dropout_key=dropout_key, alibi_slopes=alibi_slopes,
+                             relative=relative)
   if implementation == "pallas":
     return pallas_attention(query, key, value, mask)
   if implementation == "cudnn":
@@ -408,15 +413,15 @@ class MultiHeadAttention(nn.Module):
           weights = Dropout(rate=self.dropout_rate, deterministic=False)(weights)
         attended = weighted_values(weights, value, self.matmul_dtype)
       else:
-        bias = None
+        relative = None
         if relative_bias_table is not None:
-          bias = relative_bias(relative_bias_table, distance(), self.relative_bidirectional,
-                               self.relative_max_distance)
+          relative = RelativeBias(relative_bias_table, self.relative_bidirectional,
+                                  self.relative_max_distance)
         attended = dot_product_attention(
             query, key, value, mask, self.implementation, self.matmul_dtype,
             dropout_rate=self.dropout_rate if use_dropout else 0.0,
             dropout_key=self.make_rng("dropout") if use_dropout else None,
-            block_size=self.block_size, alibi_slopes=slopes, bias=bias,
+            block_size=self.block_size, alibi_slopes=slopes, relative=relative,
         )
     output_kernel = self._kernel(
         "out", (self.num_heads, self.d_v, self.d_model), ("heads", "kv", "embed"), (0, 1)

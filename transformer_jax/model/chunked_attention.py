@@ -32,7 +32,7 @@ from jax import lax
 
 from transformer_jax.model.dropout import keep_mask
 from transformer_jax.model.masking import AttentionMask
-from transformer_jax.model.positions import alibi_bias
+from transformer_jax.model.positions import RelativeBias, alibi_bias
 
 Array = jax.Array
 
@@ -49,6 +49,8 @@ class _Static(NamedTuple):
   operand_dtype: Any
   dropout_rate: float
   alibi_slopes: tuple[float, ...] = ()  # ALiBi's per-head slopes; (): no bias.
+  relative_bidirectional: bool = True  # T5's bias (when a table is given): an encoder's buckets,
+  relative_max_distance: int = 0       # and the distance past which they share the last.
 
 
 def chunked_attention(query: Array, key: Array, value: Array, mask: AttentionMask | None,
@@ -74,6 +76,7 @@ def chunked_attention_heads_first(
     dropout_rate: float = 0.0,
     dropout_key: Array | None = None,
     alibi_slopes: tuple[float, ...] = (),
+    relative: RelativeBias | None = None,
 ) -> Array:
   """Attention by blocks, [batch, heads, q_len, d_v] (the decoding cache's layout).
 
@@ -88,6 +91,8 @@ def chunked_attention_heads_first(
     dropout_rate: dropout on the attention weights; needs `dropout_key`.
     alibi_slopes: per-head slopes of ALiBi's bias -m_h·|i - j| over the mask's positions,
       computed a block at a time.
+    relative: T5's learned bias, looked up a block at a time from the mask's positions; its
+      table's gradient is summed by bucket in the backward pass.
   """
   if dropout_rate > 0.0 and dropout_key is None:
     raise ValueError("attention dropout needs a dropout key")
@@ -96,20 +101,23 @@ def chunked_attention_heads_first(
   padded_q, padded_k = round_up(q_len, block_q), round_up(k_len, block_k)
   static = _Static(block_q, block_k, k_len, query.shape[-1] ** -0.5,
                    jnp.dtype(matmul_dtype or query.dtype), float(dropout_rate),
-                   tuple(alibi_slopes))
+                   tuple(alibi_slopes),
+                   relative.bidirectional if relative is not None else True,
+                   relative.max_distance if relative is not None else 0)
+  table = relative.table.astype(jnp.float32) if relative is not None else None
   mask = (mask or AttentionMask()).padded(padded_q, padded_k)
   pad = lambda x, n: jnp.pad(x, ((0, 0), (0, 0), (0, n - x.shape[2]), (0, 0)))
   if dropout_key is None:
     dropout_key = jax.random.key(0)  # Unused without dropout; keeps one signature.
   if q_len <= block_size and k_len <= block_size:
-    return _one_block(static, query, key, value, mask, dropout_key).astype(value.dtype)
+    return _one_block(static, query, key, value, mask, dropout_key, table).astype(value.dtype)
   attended = _attention(static, pad(query, padded_q), pad(key, padded_k), pad(value, padded_k),
-                        mask, dropout_key)
+                        mask, dropout_key, table)
   return attended[:, :, :q_len].astype(value.dtype)
 
 
 def _one_block(static: _Static, query: Array, key: Array, value: Array, mask: AttentionMask,
-               dropout_key: Array) -> Array:
+               dropout_key: Array, table: Array | None) -> Array:
   """Inputs within one block: the scores are block-sized, so JAX's own gradient keeps them.
 
   Recomputing them in the backward pass costs a third matmul, about 1.4x the plain
@@ -118,7 +126,7 @@ def _one_block(static: _Static, query: Array, key: Array, value: Array, mask: At
   """
   visible = _visible(static, mask, jnp.int32(0), jnp.int32(0))
   scores = _product(static, "bhqd,bhkd->bhqk", query, key) * static.scale
-  scores = jnp.where(visible, scores + _bias(static, mask, 0, 0), -jnp.inf)
+  scores = jnp.where(visible, scores + _bias(static, mask, table, 0, 0), -jnp.inf)
   seen = jnp.any(visible, axis=-1, keepdims=True)
   weights = jax.nn.softmax(jnp.where(seen, scores, 0.0), axis=-1)
   weights = jnp.where(visible & seen, weights, 0.0)
@@ -141,13 +149,35 @@ def _visible(static: _Static, mask: AttentionMask, i: Array, j: Array) -> Array:
   return visible & (key_index < static.key_length)
 
 
-def _bias(static: _Static, mask: AttentionMask, i: Array | int, j: Array | int) -> Array | float:
-  """ALiBi's bias for query block i and key block j ([batch or 1, heads, block_q, block_k]),
-  or 0 without slopes."""
-  if not static.alibi_slopes:
-    return 0.0
-  return alibi_bias(static.alibi_slopes, mask.distance(
-      i * static.block_q, static.block_q, j * static.block_k, static.block_k))
+def _relative(static: _Static, table: Array) -> RelativeBias:
+  return RelativeBias(table, static.relative_bidirectional, static.relative_max_distance)
+
+
+def _block_distance(static: _Static, mask: AttentionMask, i: Array | int, j: Array | int
+                    ) -> Array:
+  return mask.distance(i * static.block_q, static.block_q, j * static.block_k, static.block_k)
+
+
+def _bias(static: _Static, mask: AttentionMask, table: Array | None, i: Array | int,
+          j: Array | int) -> Array | float:
+  """ALiBi's and T5's biases for query block i and key block j ([batch or 1, heads, block_q,
+  block_k]), or 0 without either."""
+  bias = 0.0
+  if static.alibi_slopes:
+    bias = alibi_bias(static.alibi_slopes, _block_distance(static, mask, i, j))
+  if table is not None:
+    bias = bias + _relative(static, table).dense(_block_distance(static, mask, i, j))
+  return bias
+
+
+def _table_grad(static: _Static, mask: AttentionMask, table: Array, i: Array, j: Array,
+                scores_grad: Array) -> Array:
+  """float32[buckets, heads]: a block's score gradients (before the scale) summed by the
+  bucket each query-key pair reads."""
+  buckets = _relative(static, table).buckets(_block_distance(static, mask, i, j))
+  if buckets.shape[0] == 1:  # One position row for the whole batch.
+    scores_grad = jnp.sum(scores_grad, axis=0, keepdims=True)
+  return jnp.einsum("bhqk,bqkn->nh", scores_grad, jax.nn.one_hot(buckets, table.shape[0]))
 
 
 def _product(static: _Static, subscripts: str, lhs: Array, rhs: Array) -> Array:
@@ -166,7 +196,7 @@ def _slice(x: Array, index: Array, size: int) -> Array:
 
 
 def _forward(static: _Static, query: Array, key: Array, value: Array, mask: AttentionMask,
-             dropout_key: Array) -> tuple[Array, Array]:
+             dropout_key: Array, table: Array | None) -> tuple[Array, Array]:
   """(attended float32[b, h, q, d_v], log-sum-exp float32[b, h, q])."""
   batch, heads, q_len, _ = query.shape
   d_v = value.shape[-1]
@@ -181,7 +211,8 @@ def _forward(static: _Static, query: Array, key: Array, value: Array, mask: Atte
       def attend(carry):
         running_max, running_sum, accumulated = carry
         scores = _product(static, "bhqd,bhkd->bhqk", q_block, _slice(key, j, static.block_k))
-        scores = jnp.where(visible, scores * static.scale + _bias(static, mask, i, j), -jnp.inf)
+        scores = jnp.where(visible, scores * static.scale + _bias(static, mask, table, i, j),
+                           -jnp.inf)
         new_max = jnp.maximum(running_max, scores.max(axis=-1))
         finite_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
         weights = jnp.exp(scores - finite_max[..., None])
@@ -215,38 +246,38 @@ def _forward(static: _Static, query: Array, key: Array, value: Array, mask: Atte
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(static: _Static, query: Array, key: Array, value: Array, mask: AttentionMask,
-               dropout_key: Array) -> Array:
-  return _forward(static, query, key, value, mask, dropout_key)[0]
+               dropout_key: Array, table: Array | None) -> Array:
+  return _forward(static, query, key, value, mask, dropout_key, table)[0]
 
 
-def _attention_forward(static, query, key, value, mask, dropout_key):
-  attended, log_sum_exp = _forward(static, query, key, value, mask, dropout_key)
-  return attended, (query, key, value, mask, dropout_key, attended, log_sum_exp)
+def _attention_forward(static, query, key, value, mask, dropout_key, table):
+  attended, log_sum_exp = _forward(static, query, key, value, mask, dropout_key, table)
+  return attended, (query, key, value, mask, dropout_key, table, attended, log_sum_exp)
 
 
 def _attention_backward(static: _Static, residuals, attended_grad: Array):
   """FlashAttention-2's backward: per key block, its dK and dV over all query blocks."""
-  query, key, value, mask, dropout_key, attended, log_sum_exp = residuals
+  query, key, value, mask, dropout_key, table, attended, log_sum_exp = residuals
   attended_grad = attended_grad.astype(jnp.float32)
   # D_i = Σ_j P_ij dP_ij = rowsum(dO ∘ O), dropout included.
   delta = jnp.sum(attended_grad * attended, axis=-1)
   num_q_blocks = query.shape[2] // static.block_q
   num_k_blocks = key.shape[2] // static.block_k
 
-  def key_block(j: Array, grads: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
-    query_grad, key_grad, value_grad = grads
+  def key_block(j: Array, grads: tuple) -> tuple:
+    query_grad, key_grad, value_grad, table_grad = grads
     k_block = _slice(key, j, static.block_k)
     v_block = _slice(value, j, static.block_k)
 
-    def query_block(i: Array, carry: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
+    def query_block(i: Array, carry: tuple) -> tuple:
       visible = _visible(static, mask, i, j)
 
       def gradients(carry):
-        query_grad, k_grad, v_grad = carry
+        query_grad, k_grad, v_grad, table_grad = carry
         q_block = _slice(query, i, static.block_q)
         out_grad = _slice(attended_grad, i, static.block_q)
         scores = (_product(static, "bhqd,bhkd->bhqk", q_block, k_block) * static.scale
-                  + _bias(static, mask, i, j))
+                  + _bias(static, mask, table, i, j))
         lse = lax.dynamic_slice_in_dim(log_sum_exp, i * static.block_q, static.block_q, axis=2)
         weights = jnp.where(visible, jnp.exp(scores - lse[..., None]), 0.0)
         dropped = weights
@@ -257,30 +288,35 @@ def _attention_backward(static: _Static, residuals, attended_grad: Array):
           weights_grad = jnp.where(keep, weights_grad / keep_probability, 0.0)
         v_grad = v_grad + _product(static, "bhqk,bhqd->bhkd", dropped, out_grad)
         d_rows = lax.dynamic_slice_in_dim(delta, i * static.block_q, static.block_q, axis=2)
-        scores_grad = weights * (weights_grad - d_rows[..., None]) * static.scale
+        biased_grad = weights * (weights_grad - d_rows[..., None])  # dL/d(scores + bias).
+        if table is not None:
+          table_grad = table_grad + _table_grad(static, mask, table, i, j, biased_grad)
+        scores_grad = biased_grad * static.scale
         k_grad = k_grad + _product(static, "bhqk,bhqd->bhkd", scores_grad, q_block)
         q_block_grad = _slice(query_grad, i, static.block_q) + _product(
             static, "bhqk,bhkd->bhqd", scores_grad, k_block)
         query_grad = lax.dynamic_update_slice_in_dim(
             query_grad, q_block_grad, i * static.block_q, axis=2)
-        return query_grad, k_grad, v_grad
+        return query_grad, k_grad, v_grad, table_grad
 
       return lax.cond(jnp.any(visible), gradients, lambda carry: carry, carry)
 
-    query_grad, k_grad, v_grad = lax.fori_loop(
+    query_grad, k_grad, v_grad, table_grad = lax.fori_loop(
         0, num_q_blocks, query_block,
         (query_grad, jnp.zeros(k_block.shape, jnp.float32),
-         jnp.zeros(v_block.shape, jnp.float32)))
+         jnp.zeros(v_block.shape, jnp.float32), table_grad))
     key_grad = lax.dynamic_update_slice_in_dim(key_grad, k_grad, j * static.block_k, axis=2)
     value_grad = lax.dynamic_update_slice_in_dim(value_grad, v_grad, j * static.block_k, axis=2)
-    return query_grad, key_grad, value_grad
+    return query_grad, key_grad, value_grad, table_grad
 
   zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
-  query_grad, key_grad, value_grad = lax.fori_loop(
-      0, num_k_blocks, key_block, (zeros(query), zeros(key), zeros(value)))
+  table_grad = zeros(table) if table is not None else jnp.zeros(())
+  query_grad, key_grad, value_grad, table_grad = lax.fori_loop(
+      0, num_k_blocks, key_block, (zeros(query), zeros(key), zeros(value), table_grad))
   mask_grad = jax.tree.map(lambda _: None, mask)
   return (query_grad.astype(query.dtype), key_grad.astype(key.dtype),
-          value_grad.astype(value.dtype), mask_grad, None)
+          value_grad.astype(value.dtype), mask_grad, None,
+          table_grad.astype(table.dtype) if table is not None else None)
 
 
 _attention.defvjp(_attention_forward, _attention_backward)

@@ -3,6 +3,8 @@ token embeddings, or rotary positions (RoPE) applied to each self-attention's qu
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -147,6 +149,23 @@ def relative_position_bucket(relative_position: Array, bidirectional: bool, num_
       / np.log(max_distance / max_exact) * (num_buckets - max_exact)).astype(distance.dtype)
   logarithmic = jnp.minimum(logarithmic, num_buckets - 1)
   return buckets + jnp.where(distance < max_exact, distance, logarithmic)
+
+
+class RelativeBias(NamedTuple):
+  """T5's learned bias of one stack: its table float32[buckets, heads] and how it buckets."""
+
+  table: Array
+  bidirectional: bool  # An encoder's: keys after the query have buckets of their own.
+  max_distance: int
+
+  def dense(self, distance: Array) -> Array:
+    """float32[batch or 1, heads, q, k] for query-minus-key positions int[batch or 1, 1, q, k]."""
+    return relative_bias(self.table, distance, self.bidirectional, self.max_distance)
+
+  def buckets(self, distance: Array) -> Array:
+    """int[batch or 1, q, k]: the bucket of each query-minus-key position difference."""
+    return relative_position_bucket(-distance[:, 0], self.bidirectional, self.table.shape[0],
+                                    self.max_distance)
 
 
 def relative_bias(table: Array, distance: Array, bidirectional: bool, max_distance: int) -> Array:
