@@ -64,11 +64,13 @@ def imported(bert_dir, tmp_path_factory):
   return report, load_run(str(workdir), expected_task="masked_lm")
 
 
-def test_the_tokenizer_gives_transformers_ids_in_our_numbering(hf, imported):
+def test_the_tokenizer_gives_transformers_ids_in_our_numbering(hf, imported, data_dir):
   _, tokenizer = hf
   report, run = imported
   ours_of_theirs = {int(theirs): ours for ours, theirs in enumerate(report.their_ids)}
-  for text in SENTENCES + TEXTS[:50]:
+  with open(data_dir / "multi30k" / "val.en", encoding="utf-8") as f:
+    multi30k = [line.rstrip("\n") for _, line in zip(range(300), f)]
+  for text in SENTENCES + TEXTS[:50] + multi30k:
     theirs = tokenizer(text, add_special_tokens=False)["input_ids"]
     ours = run.tokenizer.encode(text)
     assert ours[:-1] == [ours_of_theirs[t] for t in theirs] and ours[-1] == EOS_ID, text

@@ -73,12 +73,17 @@ def imported(gpt2_dir, tmp_path_factory):
   return report, load_run(str(workdir), expected_task="causal_lm")
 
 
-def test_the_tokenizer_gives_transformers_ids_in_our_numbering(hf, imported):
+def multi30k_lines(data_dir, name: str, count: int = 300) -> list[str]:
+  with open(data_dir / "multi30k" / name, encoding="utf-8") as f:
+    return [line.rstrip("\n") for _, line in zip(range(count), f)]
+
+
+def test_the_tokenizer_gives_transformers_ids_in_our_numbering(hf, imported, data_dir):
   _, tokenizer = hf
   report, run = imported
   ours_of_theirs = {int(theirs): ours for ours, theirs in enumerate(report.their_ids)
                     if ours >= 4}
-  for text in PROMPTS + TEXTS[:50]:
+  for text in PROMPTS + TEXTS[:50] + multi30k_lines(data_dir, "val.de"):
     theirs = tokenizer(text)["input_ids"]
     ours = run.tokenizer.encode(text)
     assert ours[-1] == EOS_ID
