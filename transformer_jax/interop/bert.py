@@ -26,8 +26,8 @@ import numpy as np
 
 from transformer_jax.data import hf_tokenizer
 from transformer_jax.errors import UserError
-from transformer_jax.interop.imported_run import (read_hf_config, read_weights, run_config,
-                                                  write_hf_run)
+from transformer_jax.interop.imported_run import (HFWeights, read_hf_config, read_weights,
+                                                  run_config, write_hf_run)
 from transformer_jax.model.encoder_only import EncoderOnly
 from transformer_jax.tasks.masked_lm import MaskedLMTask
 
@@ -85,18 +85,8 @@ def convert_params(weights: dict[str, np.ndarray], hf: dict, rows: np.ndarray,
                    model_dir: str = "the model") -> dict:
   """Our EncoderOnly's params from BertForMaskedLM tensors; `rows[i]` is the BERT row that
   our row i takes."""
-  def get(name: str) -> np.ndarray:
-    for prefixed in (name, f"bert.{name}"):
-      if prefixed in weights:
-        return weights[prefixed]
-    raise UserError(f"{model_dir}: the weights lack {name}; not a complete BertForMaskedLM "
-                    "checkpoint")
-
-  def norm(name: str) -> dict:
-    return dict(scale=get(f"{name}.weight"), bias=get(f"{name}.bias"))
-
-  def dense(name: str) -> dict:
-    return dict(kernel=get(f"{name}.weight").T, bias=get(f"{name}.bias"))
+  w = HFWeights(weights, model_dir, "bert.", "BertForMaskedLM")
+  get, norm, dense = w.get, w.layer_norm, w.dense
 
   heads, d_model = hf["num_attention_heads"], hf["hidden_size"]
   positions = get("embeddings.position_embeddings.weight")

@@ -23,9 +23,8 @@ import jax
 import numpy as np
 
 from transformer_jax.data import hf_tokenizer
-from transformer_jax.errors import UserError
-from transformer_jax.interop.imported_run import (read_hf_config, read_weights, run_config,
-                                                  write_hf_run)
+from transformer_jax.interop.imported_run import (HFWeights, read_hf_config, read_weights,
+                                                  run_config, write_hf_run)
 from transformer_jax.model.decoder_only import DecoderOnly
 from transformer_jax.tasks.causal_lm import CausalLMTask
 
@@ -71,15 +70,8 @@ def convert_params(weights: dict[str, np.ndarray], hf: dict, ids: np.ndarray,
                    model_dir: str = "the model") -> dict:
   """Our DecoderOnly's params (nested dicts of float32 arrays) from GPT2LMHeadModel tensors;
   `ids[i]` is the GPT-2 row that our row i takes (-1: a zero row)."""
-  def get(name: str) -> np.ndarray:
-    for prefixed in (name, f"transformer.{name}"):
-      if prefixed in weights:
-        return weights[prefixed]
-    raise UserError(f"{model_dir}: the weights lack {name}; not a complete GPT2LMHeadModel "
-                    "checkpoint")
-
-  def norm(name: str) -> dict:
-    return dict(scale=get(f"{name}.weight"), bias=get(f"{name}.bias"))
+  w = HFWeights(weights, model_dir, "transformer.", "GPT2LMHeadModel")
+  get, norm = w.get, w.layer_norm
 
   heads, d_model = hf["n_head"], hf["n_embd"]
   embedding = get("wte.weight")

@@ -71,6 +71,32 @@ def read_weights(model_dir: str) -> dict[str, np.ndarray]:
   return {name: np.asarray(value, np.float32) for name, value in weights.items()}
 
 
+class HFWeights:
+  """A checkpoint's tensors by Hugging Face name, with or without the model's `prefix`
+  ("model.", "transformer.", "bert."); a missing one is a one-line error naming it."""
+
+  def __init__(self, weights: dict[str, np.ndarray], model_dir: str, prefix: str,
+               architecture: str):
+    self.weights, self.model_dir = weights, model_dir
+    self.prefix, self.architecture = prefix, architecture
+
+  def get(self, *names: str) -> np.ndarray:
+    """The first of `names` the checkpoint holds."""
+    for name in names:
+      for prefixed in (name, f"{self.prefix}{name}"):
+        if prefixed in self.weights:
+          return self.weights[prefixed]
+    raise UserError(f"{self.model_dir}: the weights lack {names[0]}; not a complete "
+                    f"{self.architecture} checkpoint")
+
+  def layer_norm(self, name: str) -> dict[str, np.ndarray]:
+    return dict(scale=self.get(f"{name}.weight"), bias=self.get(f"{name}.bias"))
+
+  def dense(self, name: str) -> dict[str, np.ndarray]:
+    """A torch Linear ([out, in]) as our Dense ([in, out])."""
+    return dict(kernel=self.get(f"{name}.weight").T, bias=self.get(f"{name}.bias"))
+
+
 def check_against_model(params: dict, init: Callable[[], Any]) -> None:
   """Every parameter `init()` makes, with its shape, and nothing else; else a one-line error."""
   expected = traverse_util.flatten_dict(jax.eval_shape(init)["params"])

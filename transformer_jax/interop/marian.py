@@ -31,7 +31,7 @@ from transformer_jax.data import marian_vocab
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import UserError
 from transformer_jax.interop import imported_run
-from transformer_jax.interop.imported_run import (check_against_model, new_workdir,
+from transformer_jax.interop.imported_run import (HFWeights, check_against_model, new_workdir,
                                                   read_weights, save_run)
 from transformer_jax.model.transformer import Transformer
 
@@ -88,19 +88,11 @@ def model_section(hf: dict, vocab_size: int) -> dict:
   )
 
 
-class _Weights:
-  """Hugging Face tensors by name; a missing one is a one-line error naming it."""
+class _Weights(HFWeights):
+  """MarianMTModel's tensors, with its attention projections as ours."""
 
   def __init__(self, weights: dict[str, np.ndarray], model_dir: str):
-    self.weights, self.model_dir = weights, model_dir
-
-  def get(self, *names: str) -> np.ndarray:
-    for name in names:
-      for prefixed in (name, f"model.{name}"):
-        if prefixed in self.weights:
-          return self.weights[prefixed]
-    raise UserError(f"{self.model_dir}: the weights lack {names[0]}; not a complete "
-                    "MarianMTModel checkpoint")
+    super().__init__(weights, model_dir, "model.", "MarianMTModel")
 
   def attention(self, prefix: str, num_heads: int) -> dict[str, np.ndarray]:
     """Our MultiHeadAttention params from q/k/v/out_proj ([out, in] weights)."""
@@ -115,11 +107,7 @@ class _Weights:
     params["out_bias"] = self.get(f"{prefix}.out_proj.bias")
     return params
 
-  def layer_norm(self, name: str) -> dict[str, np.ndarray]:
-    return dict(scale=self.get(f"{name}.weight"), bias=self.get(f"{name}.bias"))
 
-  def dense(self, name: str) -> dict[str, np.ndarray]:
-    return dict(kernel=self.get(f"{name}.weight").T, bias=self.get(f"{name}.bias"))
 
 
 def convert_params(weights: dict[str, np.ndarray], hf: dict, marian_ids: np.ndarray,
