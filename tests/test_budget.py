@@ -30,7 +30,7 @@ SIGTERM_AT_STEP = "tests/fault_tolerance/sigterm_at_step.py"
 BUDGET_FLAGS = ("--config.schedule=linear_cosine", "--config.learning_rate=2e-3",
                 "--config.warmup_steps=20", "--config.eval_every_steps=20",
                 "--config.checkpoint_every_steps=20", "--config.num_train_steps=100000",
-                "--config.train_minutes=0.5")
+                "--config.train_minutes=0.25")
 
 
 def _sigterm_at(step: int, workdir, prepared) -> runner.Result:
@@ -51,7 +51,7 @@ def test_a_budgeted_run_equals_one_started_with_the_count_it_chose(tmp_path):
   first = _sigterm_at(10, workdir, prepared)
   assert "steps fit" not in first.stdout, "fixed the count at the SIGTERM's step"
   second = _sigterm_at(20, workdir, prepared)
-  chosen = re.search(r"train_minutes=0.5: (\d+) steps fit", second.stdout)
+  chosen = re.search(r"train_minutes=0.25: (\d+) steps fit", second.stdout)
   assert chosen, second.describe()
   count = int(chosen.group(1))
   assert 20 < count < 100_000

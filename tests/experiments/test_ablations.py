@@ -304,11 +304,12 @@ def test_sigterm_saves_the_row_in_training_and_ends_the_sweep(ablations, tmp_pat
   saved; no later row starts, finished ones stay in the table; the same command then
   finishes the rest."""
   base = tiny_base()
-  narrow = ablations.parse_row("narrow:model.d_ff=32")
-  wide = ablations.parse_row("wide:model.d_ff=96")
-  rows = [ablations.Row("base", {}), narrow, wide]
+  # Rows that differ by seed share one compiled step (the persistent compilation cache).
+  seed1 = ablations.parse_row("seed1:seed=1,data.seed=1")
+  seed2 = ablations.parse_row("seed2:seed=2,data.seed=2")
+  rows = [ablations.Row("base", {}), seed1, seed2]
   sweep_dir, runs_dir = tmp_path / "results" / "stop", tmp_path / "runs"
-  ablations.run_sweep(base, [narrow], sweep_dir, runs_dir, bleu_sentences=0, log=lambda _: None)
+  ablations.run_sweep(base, [seed1], sweep_dir, runs_dir, bleu_sentences=0, log=lambda _: None)
   train_row = ablations.train_row
 
   def sigterm_then_train(*args, **kwargs):
@@ -322,13 +323,13 @@ def test_sigterm_saves_the_row_in_training_and_ends_the_sweep(ablations, tmp_pat
     messages = []
     results = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0,
                                   log=messages.append)
-    assert received == [] and list(results) == ["narrow"], (received, list(results))
+    assert received == [] and list(results) == ["seed1"], (received, list(results))
     assert "[base] stopped before step 6; the sweep stops; rerun to resume" in messages, messages
     checkpoints = sorted(int(p.name) for p in (runs_dir / "base" / "checkpoints").iterdir()
                          if p.name.isdigit())
     assert checkpoints == [1], checkpoints
-    assert not (runs_dir / "wide").exists(), "a row started after the SIGTERM"
-    assert "| narrow |" in (sweep_dir / "table.md").read_text(), "a finished row left the table"
+    assert not (runs_dir / "seed2").exists(), "a row started after the SIGTERM"
+    assert "| seed1 |" in (sweep_dir / "table.md").read_text(), "a finished row left the table"
 
     monkeypatch.setattr(ablations, "train_row", train_row)
     results = ablations.run_sweep(base, rows, sweep_dir, runs_dir, bleu_sentences=0,
