@@ -66,6 +66,22 @@ def test_causal_lm_resumes_exactly(prepared_dir, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_eval_rows_beyond_learned_positions_are_a_one_line_error_before_training(prepared_dir):
+  """Eval never truncates: a dev sentence longer than data.max_len makes a longer row, which
+  learned positions must cover. The error comes when the data loads, not at the first eval."""
+  config = lm_config(prepared_dir, steps=10)
+  config.model.update(dict(positions="learned", max_len=16))
+  config.data.update(dict(max_len=16, bucket_boundaries=(16,)))
+  task = make_task(config)
+  with pytest.raises(UserError, match=r"^the validation split has pairs longer than "
+                     r"data.max_len=16, evaluated in rows of 64 tokens, beyond "
+                     r"config.model.max_len=16 learned positions; raise config.model.max_len "
+                     r"to 64"):
+    task.prepare_data()
+  config.model.max_len = 64  # Covers the longest row: loads.
+  make_task(config).prepare_data()
+
+
 def test_a_packed_row_scores_each_sentence_as_if_alone(tiny_model_config):
   """Segment ids and restarting positions keep packed sentences from seeing each other."""
   model = DecoderOnly(tiny_model_config)

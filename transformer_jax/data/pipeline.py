@@ -68,6 +68,12 @@ class TranslationData:
       return self.train
     raise UserError(f"split {name!r} is not loaded; loaded: {sorted(self.split_sizes)}")
 
+  def longest_eval_length(self, split: str) -> int:
+    """Tokens a side in the longest batch `eval_batches(split)` yields (0 for no pairs)."""
+    plan = batching.eval_plan(self.split(split), self.config.bucket_boundaries,
+                              self.config.tokens_per_batch, 1, self.config.max_len)
+    return max((length for length, _ in plan), default=0)
+
   def texts(self, split: str) -> tuple[list[str], list[str]]:
     """(source, reference) strings of every line of `split`, for BLEU."""
     if split not in self._texts:

@@ -64,6 +64,23 @@ class CorpusTask(Task):
     # The model follows the tokenizer.
     vocab_size = self._data.tokenizer.vocab_size + len(self.extra_tokens)
     self._model_config = ModelConfig.from_config(dict(self.config.model, vocab_size=vocab_size))
+    self._check_eval_rows_fit()
+
+  def _check_eval_rows_fit(self) -> None:
+    """Learned positions must cover every row evaluated: eval never truncates, so a pair
+    longer than data.max_len makes a longer row. A one-line error now, before training."""
+    model = self._model_config
+    if model.positions != "learned":
+      return
+    splits = {self._data.eval_split, self.config.final_eval_split} & set(self._data.split_sizes)
+    for split in sorted(splits):
+      row = self._data.longest_eval_length(split) * (2 if self.holds_pairs(self.config) else 1)
+      if row > model.max_len:
+        raise UserError(
+            f"the {split} split has pairs longer than data.max_len={self.config.data.max_len}, "
+            f"evaluated in rows of {row} tokens, beyond config.model.max_len={model.max_len} "
+            f"learned positions; raise config.model.max_len to {row}, or evaluate another "
+            "split (config.data.eval_split, config.final_eval_split)")
 
   def init_params(self, model: nn.Module, key: jax.Array) -> Any:
     return init_one_stack(model, key)
