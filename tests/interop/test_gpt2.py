@@ -2,7 +2,8 @@
 
 A small GPT2LMHeadModel with random weights and a byte-level BPE trained here (no
 download) is saved with `save_pretrained`, imported, and compared with PyTorch: the
-tokenizer's ids, the logits of a padded batch, and greedy continuations of `generate()`.
+tokenizer's ids, the logits of a padded batch, greedy continuations of `generate()`, and
+the distributions its sampling draws from.
 """
 
 from __future__ import annotations
@@ -144,6 +145,52 @@ def test_greedy_continuations_equal_generate(hf, imported):
     assert [int(report.their_ids[t]) for t in ours[:stop]] == theirs[:stop].tolist()
     if stop < len(theirs):  # Ours stopped at EOS: so did theirs (generate's last token).
       assert ours[stop] == EOS_ID and theirs[stop] == report.their_ids[EOS_ID]
+
+
+def test_sampled_continuations_draw_from_the_distributions_generate_draws_from(hf, imported):
+  """PyTorch's and JAX's random streams differ, so sampled tokens cannot be compared one for
+  one. What can: at every step of our sampled continuation, the distribution we drew from
+  (temperature, then top-k, then top-p) equals the one `generate(do_sample=True)` draws
+  from, its logits warped by transformers' own warpers in generate's order."""
+  from transformers.generation.logits_process import (TemperatureLogitsWarper,
+                                                      TopKLogitsWarper, TopPLogitsWarper)
+
+  from transformer_jax.decode.search import filter_logits
+
+  model, _ = hf
+  report, run = imported
+  temperature, top_k, top_p, new = 0.7, 8, 0.9, 16
+  warpers = [TemperatureLogitsWarper(temperature), TopKLogitsWarper(top_k),
+             TopPLogitsWarper(top_p)]
+  ids = run.tokenizer.encode(PROMPTS[0])[:-1]
+  out = np.asarray(generate(run.model, run.params, np.array([ids], np.int32),
+                            np.array([len(ids)]), new, jax.random.key(3), temperature=temperature,
+                            top_k=top_k, top_p=top_p))[0]
+  stop = next((i for i, t in enumerate(out[1 + len(ids):]) if t in (EOS_ID, PAD_ID)), new)
+  sequence = out[:1 + len(ids) + stop]  # BOS, the prompt and the sampled tokens before EOS.
+  assert stop > 4, f"too short a continuation to compare: {sequence}"
+  steps = range(len(ids), len(sequence))  # Position t predicts token t + 1.
+
+  ours = np.asarray(run.model.apply({"params": run.params}, sequence[None]))[0]
+  ours = np.asarray(jax.nn.softmax(filter_logits(ours[list(steps)], temperature, top_k, top_p)))
+  theirs_ids = torch.tensor(np.asarray(report.their_ids[sequence])[None])
+  with torch.no_grad():
+    logits = model(theirs_ids).logits[0]
+  theirs = []
+  for t in steps:
+    warped = logits[t:t + 1]
+    for warper in warpers:
+      warped = warper(theirs_ids[:, :t + 1], warped)
+    theirs.append(torch.softmax(warped, dim=-1)[0].numpy())
+  theirs = np.stack(theirs)
+  columns = np.concatenate([[EOS_ID], np.arange(4, len(report.their_ids))])
+  np.testing.assert_allclose(ours[:, columns], theirs[:, report.their_ids[columns]], atol=1e-5)
+  assert np.all(ours[:, [PAD_ID, 1]] == 0)  # Ids with no GPT-2 token are never drawn.
+  kept = (theirs > 0).sum(-1)
+  assert np.all((1 <= kept) & (kept <= top_k)) and np.any(kept > 1), kept  # Sampling, not greedy.
+  drawn = sequence[1 + len(ids):]
+  assert np.all(theirs[np.arange(len(drawn)), report.their_ids[drawn]] > 0)  # Each drawn token
+  # is one generate could have drawn.
 
 
 def test_the_run_directory_is_a_causal_lm_run(imported):
