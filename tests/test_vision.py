@@ -86,7 +86,7 @@ def test_the_stream_visits_every_image_once_an_epoch_and_resumes():
 def test_vit_learns_the_digits_through_the_trainer(tmp_path):
   """100 steps of the recipe's model reach 75% test accuracy (0.857 measured on one host)."""
   config = vit_config(num_train_steps=100, eval_every_steps=50, checkpoint_every_steps=100,
-                      log_every_steps=50)
+                      log_every_steps=50, **{"data.prepared_dir": os.fspath(tmp_path / "cache")})
   validate_config(config)
   task = make_task(config)
   train_and_evaluate(config, os.fspath(tmp_path), task)
@@ -94,6 +94,28 @@ def test_vit_learns_the_digits_through_the_trainer(tmp_path):
   assert report["split"] == "test" and report["images"] == 300
   assert report["accuracy"] >= 0.75, report
   assert json.loads((tmp_path / "final_test.json").read_text()) == report
+
+
+def test_the_digits_are_prepared_once_as_a_tfds_dataset(tmp_path, monkeypatch):
+  """The TFDS builder writes array_record files holding scikit-learn's digits, split by the
+  fixed permutation; a second load reads them back without building again."""
+  from sklearn.datasets import load_digits
+
+  splits = image_data.load_images("digits", tfds_dir=tmp_path)
+  assert list((tmp_path / "digits" / "1.0.0").glob("digits-train.array_record*"))
+  digits = load_digits()
+  order = np.random.default_rng(0).permutation(len(digits.target))
+  bounds = {"train": (0, 1197), "validation": (1197, 1497), "test": (1497, 1797)}
+  for split, (lo, hi) in bounds.items():
+    np.testing.assert_array_equal(splits.images[split][..., 0],
+                                  digits.images[order[lo:hi]] / 16.0)
+    np.testing.assert_array_equal(splits.labels[split], digits.target[order[lo:hi]])
+    assert splits.images[split].dtype == np.float32 and splits.labels[split].dtype == np.int32
+  assert splits.class_names == tuple("0123456789") and splits.image_shape == (8, 8, 1)
+
+  monkeypatch.setattr(image_data.Digits, "_split_generators", lambda *_: 1 / 0)
+  again = image_data.load_images("digits", tfds_dir=tmp_path)  # Read, not built.
+  np.testing.assert_array_equal(again.images["test"], splits.images["test"])
 
 
 def test_an_image_folder_loads_sorted_classes_resized(tmp_path):

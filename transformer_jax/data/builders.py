@@ -279,7 +279,8 @@ def _read_array_record(builder, split: str) -> list[dict[str, str]]:
   return out
 
 
-def _prepare(builder: tfds.core.DatasetBuilder, **download_config) -> None:
+def prepare_builder(builder: tfds.core.DatasetBuilder, **download_config) -> None:
+  """Writes `builder`'s splits as array_record files, unless they are there already."""
   if not builder.is_prepared():
     logging.info("preparing %s/%s in %s", builder.name,
                  builder.builder_config.name if builder.builder_config else "",
@@ -336,13 +337,13 @@ def _prepare_corpus(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
       config = config.name  # TFDS refuses a new object named like a listed one.
     builder = GeneratedTranslation(config=config, data_dir=os.fspath(tfds_dir),
                                    file_format="array_record")
-    _prepare(builder)
+    prepare_builder(builder)
   elif corpus.name == "multi30k":
     builder = Multi30k(config=corpus.variant, data_dir=os.fspath(tfds_dir),
                        file_format="array_record")
     builder.errors = corpus.errors
     if not builder.is_prepared():
-      _prepare(builder, manual_dir=corpus.manual_dir)
+      prepare_builder(builder, manual_dir=corpus.manual_dir)
   elif corpus.name == "wmt14":
     builder = _wmt14_builder(tfds_dir)
   elif corpus.name == "tfds_text":
@@ -351,7 +352,7 @@ def _prepare_corpus(corpus: Corpus, tfds_dir: Path) -> PreparedDataset:
     builder = PlainText(config=PlainTextConfig(files=corpus.files, errors=corpus.errors,
                                                prefix=corpus.name),
                         data_dir=os.fspath(tfds_dir), file_format="array_record")
-    _prepare(builder)
+    prepare_builder(builder)
   splits = {s: info.num_examples for s, info in builder.info.splits.items()}
   key = f"{builder.name}-{builder.builder_config.name}-{builder.version}"
   if corpus.name == "tfds_text":  # Which text field: another field is other data.
@@ -372,7 +373,7 @@ def _tfds_text_builder(name: str, feature: str, tfds_dir: Path) -> tfds.core.Dat
                     f"{', '.join(builder.info.features)}")
   if not builder.is_prepared():
     try:
-      _prepare(builder)
+      prepare_builder(builder)
     except Exception as e:  # pylint: disable=broad-except
       first = (str(e).strip().splitlines() or [""])[0][:200]
       raise UserError(f"preparing {name} failed ({type(e).__name__}: {first}); it downloads, "
@@ -389,7 +390,7 @@ def _wmt14_builder(tfds_dir: Path) -> tfds.core.DatasetBuilder:
   if builder.is_prepared():
     return builder
   try:
-    _prepare(builder)
+    prepare_builder(builder)
   except UserError:
     raise
   except Exception as e:  # pylint: disable=broad-except

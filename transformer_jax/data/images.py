@@ -2,9 +2,12 @@
 
 - `digits`: the 1,797 8×8 grey handwritten digits that scikit-learn ships inside its
   package (UCI's optdigits test set; no download), split once by a fixed permutation
-  into 1,197 train, 300 validation and 300 test images;
+  into 1,197 train, 300 validation and 300 test images. The TFDS builder `Digits`
+  prepares them once as array_record files in the cache (beside the text corpora's,
+  `data.prepared_dir`), read back through `tfds.data_source` (no TensorFlow);
 - `image_folder`: `<root>/<split>/<class name>/<image>` (PNG, JPEG, ... as Pillow reads
-  them), resized to `image_size`, classes sorted by name.
+  them), resized to `image_size`, classes sorted by name. Read with Pillow: TFDS's own
+  `ImageFolder` decodes through TensorFlow, which the project does not install.
 
 Pixels are float32 in [0, 1], [count, height, width, channels]; labels int32.
 """
@@ -14,9 +17,13 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from pathlib import Path
+
 import numpy as np
+import tensorflow_datasets as tfds
 from PIL import Image
 
+from transformer_jax.data import builders, text_files
 from transformer_jax.errors import UserError
 
 DATASETS = ("digits", "image_folder")
@@ -38,29 +45,57 @@ class ImageSplits:
     return tuple(self.images["train"].shape[1:])
 
 
-def load_images(dataset: str, folder: str = "", image_size: int = 0) -> ImageSplits:
-  """The splits of `dataset`; a one-line UserError for a bad name or folder."""
+def load_images(dataset: str, folder: str = "", image_size: int = 0,
+                tfds_dir: Path | None = None) -> ImageSplits:
+  """The splits of `dataset`; a one-line UserError for a bad name or folder. `tfds_dir`
+  holds prepared TFDS datasets (digits); by default the cache's (`data.prepared_dir`)."""
   if dataset == "digits":
-    return _digits()
+    return _digits(tfds_dir or text_files.resolve_prepared_dir(None) / "tfds")
   if dataset == "image_folder":
     return _image_folder(folder, image_size)
   raise UserError(f"image.dataset={dataset!r} is not one of {', '.join(DATASETS)}")
 
 
-def _digits() -> ImageSplits:
-  # Imported here: sklearn.datasets takes 2.6 s to import, and every command imports the
-  # tasks. load_digits reads the package's own copy: no download.
-  from sklearn.datasets import load_digits
+class Digits(tfds.core.GeneratorBasedBuilder):
+  """scikit-learn's 8×8 digits (pixel values 0..16), split by a fixed permutation."""
 
-  digits = load_digits()
-  images = (digits.images / 16.0).astype(np.float32)[..., None]
-  labels = digits.target.astype(np.int32)
-  order = np.random.default_rng(0).permutation(len(labels))
-  bounds = np.cumsum((0,) + DIGITS_SPLIT)
-  parts = {split: order[lo:hi] for split, lo, hi in zip(SPLITS, bounds[:-1], bounds[1:])}
-  return ImageSplits({s: images[i] for s, i in parts.items()},
-                     {s: labels[i] for s, i in parts.items()},
-                     tuple(str(d) for d in range(10)))
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({
+            "image": tfds.features.Tensor(shape=(8, 8, 1), dtype=np.uint8),
+            "label": tfds.features.ClassLabel(names=[str(d) for d in range(10)])}),
+        supervised_keys=("image", "label"), disable_shuffling=True)
+
+  def _split_generators(self, dl_manager):
+    # Imported here: sklearn.datasets takes 2.6 s to import, and every command imports the
+    # tasks. load_digits reads the package's own copy: no download.
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    order = np.random.default_rng(0).permutation(len(digits.target))
+    bounds = np.cumsum((0,) + DIGITS_SPLIT)
+    return {split: self._generate_examples(digits.images[order[lo:hi]], digits.target[order[lo:hi]])
+            for split, lo, hi in zip(SPLITS, bounds[:-1], bounds[1:])}
+
+  def _generate_examples(self, pixels: np.ndarray, labels: np.ndarray):
+    for i, (image, label) in enumerate(zip(pixels, labels)):
+      yield i, {"image": image.astype(np.uint8)[..., None], "label": int(label)}
+
+
+def _digits(tfds_dir: Path) -> ImageSplits:
+  builder = Digits(data_dir=str(tfds_dir), file_format="array_record")
+  with builders.one_preparer(tfds_dir):
+    builders.prepare_builder(builder)
+  images, labels = {}, {}
+  for split in SPLITS:
+    source = builder.as_data_source()[split]
+    records = source.__getitems__(list(range(len(source))))
+    images[split] = np.stack([r["image"] for r in records]).astype(np.float32) / 16.0
+    labels[split] = np.array([r["label"] for r in records], np.int32)
+  return ImageSplits(images, labels, tuple(builder.info.features["label"].names))
 
 
 def _image_folder(folder: str, image_size: int) -> ImageSplits:
