@@ -173,3 +173,26 @@ def test_translate_real_compares_a_trained_run_with_its_ctranslate2_export(tmp_p
             "shared beam cache) |") in summary
   assert ("| jax (1,024 tokens a batch, float32 operands, int8 weight matmuls, whole batch, "
           "reordered beam cache) |") in summary
+
+
+def test_revisions_times_a_benchmark_at_two_revisions_as_a_ratio(tmp_path):
+  """One round at HEAD against HEAD: each side runs in its own checkout, and the ratio of
+  their throughputs is printed and saved with the host."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
+                              if "device_count" not in flag)
+  out = tmp_path / "revisions.jsonl"
+  completed = subprocess.run(
+      [sys.executable, "benchmarks/revisions.py", "--before=HEAD", "--rounds=1",
+       f"--worktrees={tmp_path / 'checkouts'}", f"--out={out}", "--", "train_step.py",
+       *TINY[:-1], "--tgt_len=8", "--steps=2", "--warmup=1", "--peak_matmul_size=128"],
+      cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  row = json.loads(out.read_text())
+  assert row["before"] == row["after"] and row["rounds"] == 1 and row["host_cpu"]
+  ratio = row["ratios"]["tokens_per_s"]
+  assert ratio["min"] <= ratio["median"] <= ratio["max"] and 0.2 < ratio["median"] < 5
+  (checkout,) = (tmp_path / "checkouts").iterdir()  # HEAD's, checked out once.
+  assert (checkout / "transformer_jax").is_dir()
+  subprocess.run(["git", "worktree", "remove", "--force", str(checkout)], cwd=REPO_ROOT,
+                 check=False, capture_output=True)
