@@ -161,6 +161,16 @@ def test_a_run_trains_and_reports_exact_match_at_every_test_length(tmp_path):
   assert any("exact_match" in row for row in dev if row["split"] == "eval")
   assert not (tmp_path / "tokenizer.model").exists()
 
+  # The same run directory with another problem: refused before a step, the checkpoint kept.
+  steps = lambda: sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                         if p.name.isdigit())
+  saved = steps()
+  config.algorithmic.problem, config.num_train_steps = "sort", 9
+  with pytest.raises(UserError, match=r"^the checkpoint in .* was saved with problem 'reverse' "
+                     r"\(this config: 'sort'\); use the config the run was started with"):
+    train_and_evaluate(config, os.fspath(tmp_path), make_task(config))
+  assert steps() == saved and saved[-1] == 6, (saved, steps())
+
 
 @pytest.mark.parametrize("changes, message", [
     ({"algorithmic.problem": "multiply"}, "algorithmic.problem='multiply' is not one of"),

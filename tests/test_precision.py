@@ -1,6 +1,7 @@
 """Mixed precision: bfloat16 matmul operands, float32 accumulation (precision.py)."""
 
 import dataclasses
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -202,6 +203,23 @@ def test_auto_matmul_dtype_takes_bfloat16_only_where_it_is_native(
   monkeypatch.setattr(precision, "native_bfloat16_here", lambda: (native, reason))
   config = ModelConfig(matmul_dtype="auto")
   assert config.matmul_dtype == ("bfloat16" if native else "float32"), reason
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_run_records_the_matmul_dtype_auto_chose_and_keeps_it_on_any_host(monkeypatch, native):
+  """config.json holds the resolved dtype: read on a host that would choose otherwise, the
+  run computes as it trained."""
+  from transformer_jax.configs import load_module
+  from transformer_jax.tasks.registry import make_task
+
+  config_file = pathlib.Path(__file__).parents[1] / "experiments/configs/length_generalisation.py"
+  config = load_module(config_file, "config_length_generalisation").get_config("decoder_only")
+  config.model.matmul_dtype = "auto"
+  monkeypatch.setattr(precision, "native_bfloat16_here", lambda: (native, "measured"))
+  recorded = make_task(config).run_config()["model"]
+  assert recorded["matmul_dtype"] == ("bfloat16" if native else "float32")
+  monkeypatch.setattr(precision, "native_bfloat16_here", lambda: (not native, "another host"))
+  assert ModelConfig.from_config(recorded).matmul_dtype == recorded["matmul_dtype"]
 
 
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):

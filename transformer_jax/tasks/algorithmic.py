@@ -189,13 +189,6 @@ class AlgorithmicTask(Task):
     return dict(problem=self.problem, architecture=self.architecture,
                 vocab_size=algorithmic.VOCAB_SIZE)
 
-  def check_checkpoint_meta(self, meta: dict, workdir: str) -> None:
-    ours = self.checkpoint_meta()
-    theirs = {key: meta.get(key) for key in ours}
-    if theirs != ours:
-      raise UserError(f"the checkpoint in {workdir} is of {theirs}, this config of {ours}; "
-                      "use the config the run was started with, or a new --workdir")
-
   def final_report(self, workdir: str, split: str | None = None) -> dict | None:
     """The test lengths' report (`length_report`); "test" is the only split."""
     split = split or self.config.final_eval_split

@@ -101,9 +101,14 @@ class Task(abc.ABC):
     return self._model_config
 
   def run_config(self) -> dict:
-    """The config as this run resolves it: what a run's config.json and checkpoints record."""
+    """The config as this run resolves it: what a run's config.json and checkpoints record.
+
+    What the data decides (the vocabulary) and what the host decides (matmul_dtype "auto")
+    are written as resolved, so the run means the same wherever it is read.
+    """
     values = json.loads(self.config.to_json_best_effort())
     values["model"]["vocab_size"] = self.model_config.vocab_size
+    values["model"]["matmul_dtype"] = self.model_config.matmul_dtype
     return values
 
   @abc.abstractmethod
@@ -158,7 +163,14 @@ class Task(abc.ABC):
     return {}
 
   def check_checkpoint_meta(self, meta: dict, workdir: str) -> None:
-    """Raises a one-line UserError if a checkpoint in `workdir` does not fit this run."""
+    """Raises a one-line UserError if a checkpoint in `workdir` was saved with other
+    `checkpoint_meta` values than this run's (other data, another problem)."""
+    ours = self.checkpoint_meta()
+    changed = [f"{key} {meta.get(key)!r} (this config: {value!r})"
+               for key, value in ours.items() if meta.get(key) != value]
+    if changed:
+      raise UserError(f"the checkpoint in {workdir} was saved with {', '.join(changed)}; use "
+                      "the config the run was started with, or a new --workdir")
 
   def write_run_files(self, workdir: str) -> None:
     """Writes the files a fresh run directory needs besides config.json and checkpoints."""

@@ -203,13 +203,6 @@ class ImageClassificationTask(Task):
     return dict(image_dataset=self.config.image.dataset,
                 image_shape=list(self.data.image_shape), classes=list(self.data.class_names))
 
-  def check_checkpoint_meta(self, meta: dict, workdir: str) -> None:
-    ours = self.checkpoint_meta()
-    theirs = {key: meta.get(key) for key in ours}
-    if theirs != ours:
-      raise UserError(f"the checkpoint in {workdir} was trained on other images ({theirs}); "
-                      "use the config the run was started with, or a new --workdir")
-
   def final_report(self, workdir: str, split: str | None = None) -> dict | None:
     """Loss and accuracy of the latest checkpoint on `split` (default config.final_eval_split);
     printed and written to final_<split>.json."""
