@@ -46,13 +46,9 @@ def default_config() -> ml_collections.ConfigDict:
   # split over them (sharding.use_cpu_devices); 0: JAX's default (one, or XLA_FLAGS' count).
   config.cpu_devices = 0
 
-  config.seed = 0  # Parameter initialisation and dropout.
-  config.num_train_steps = 100_000
-  # > 0: stop within this many minutes of training (compiling, steps, evaluations, checkpoints):
-  # the step count is fixed once, halfway through the warm-up, from the measured speed, at
-  # most num_train_steps (training/budget.py).
-  config.train_minutes = 0.0
-  config.gradient_accumulation_steps = 1
+  # The training loop: steps, time budget, accumulation, logging, evaluation and checkpoint
+  # periods (training/config.py's LoopConfig documents each key).
+  config.update(LoopConfig.config_defaults())
   config.label_smoothing = 0.1  # ε_ls (§5.4).
   # translation: > 0 trains with R-Drop (Liang et al., 2021) at this weight of the symmetric
   # KL between two dropout passes of each sentence: the model runs on 2× the rows, plus the
@@ -60,24 +56,11 @@ def default_config() -> ml_collections.ConfigDict:
   # rows).
   config.rdrop_alpha = 0.0
 
-  # Optimiser (§5.3): Adam(0.9, 0.98, 1e-9) on the paper's schedule.
-  config.schedule = "paper"  # "paper" | "linear_rsqrt" | "linear_cosine".
-  config.warmup_steps = 4000
-  config.learning_rate_scale = 1.0  # "paper": multiplies d_model^-0.5 · min(...).
-  config.learning_rate = 7e-4  # Peak, for the other schedules.
-  config.adam_b1 = 0.9
-  config.adam_b2 = 0.98
-  config.adam_eps = 1e-9
-  config.grad_clip_norm = 0.0  # 0: no clipping.
+  # Optimiser (§5.3): Adam(0.9, 0.98, 1e-9) on the paper's schedule (training/schedules.py's
+  # OptimizerConfig documents each key).
+  config.update(OptimizerConfig.config_defaults())
 
-  # Logging, evaluation and checkpoints.
-  config.log_every_steps = 100
-  config.eval_every_steps = 1000
   config.eval_bleu_sentences = 256  # Dev sentences decoded at each evaluation; 0: no BLEU.
-  config.checkpoint_every_steps = 1000
-  config.checkpoint_every_minutes = 10.0  # §6.1: the paper saved every 10 minutes.
-  config.keep_checkpoints = 5
-  config.async_checkpoints = True
 
   # Decoding (§6.1): beam 4, α = 0.6, max length = input length + 50.
   config.beam_size = 4

@@ -27,7 +27,8 @@ class LoopConfig:
       once, halfway through the warm-up, from the measured speed (training/budget.py).
     gradient_accumulation_steps: batches summed into one update.
     log_every_steps, eval_every_steps, checkpoint_every_steps: the periods, in steps.
-    checkpoint_every_minutes: also save when this long has passed since the last save.
+    checkpoint_every_minutes: also save when this long has passed since the last save (§6.1:
+      the paper saved every 10 minutes).
     keep_checkpoints: the newest checkpoints kept on disk.
     async_checkpoints: write checkpoints while training goes on.
   """
@@ -54,6 +55,11 @@ class LoopConfig:
     if self.checkpoint_every_minutes <= 0:
       raise UserError(f"config.checkpoint_every_minutes={self.checkpoint_every_minutes!r} must "
                       "be > 0")
+
+  @classmethod
+  def config_defaults(cls) -> dict[str, Any]:
+    """The experiment config's loop keys at their defaults (each written once, here)."""
+    return {field.name: field.default for field in dataclasses.fields(cls)}
 
   @classmethod
   def from_config(cls, config: Any) -> "LoopConfig":

@@ -57,6 +57,16 @@ class OptimizerConfig:
       raise UserError(f"config.adam_eps={self.adam_eps} must be > 0 and "
                       f"config.grad_clip_norm={self.grad_clip_norm} >= 0 (0: no clipping)")
 
+  # Read from elsewhere in an experiment config (config.model.d_model, the loop's step count),
+  # not from keys of their own.
+  SHARED_FIELDS = ("d_model", "num_train_steps")
+
+  @classmethod
+  def config_defaults(cls) -> dict[str, Any]:
+    """The experiment config's optimizer keys at their defaults (each written once, here)."""
+    return {field.name: field.default for field in dataclasses.fields(cls)
+            if field.name not in cls.SHARED_FIELDS}
+
   @classmethod
   def from_config(cls, config: Any) -> "OptimizerConfig":
     """The optimizer keys of an experiment config (and its model's width), validated."""
