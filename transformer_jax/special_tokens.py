@@ -10,3 +10,16 @@ UNK_ID = 1
 BOS_ID = 2  # Shifted into the decoder input at position 0.
 EOS_ID = 3  # Appended to every source and target sentence.
 FIRST_PIECE_ID = 4  # Ids from here up are the vocabulary's ordinary pieces.
+
+
+def text_ids(ids) -> list[int]:
+  """The ids a tokenizer turns back into text: those before the first EOS, without PAD and
+  BOS (a decoded row, a sampled continuation)."""
+  kept = []
+  for i in ids:
+    i = int(i)
+    if i == EOS_ID:
+      break
+    if i not in (PAD_ID, BOS_ID):
+      kept.append(i)
+  return kept

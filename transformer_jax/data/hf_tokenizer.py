@@ -110,15 +110,10 @@ class HFTokenizer:
     return [self._ours[e.ids].tolist() + [special_tokens.EOS_ID] for e in encoded]
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Text of `ids` up to the first EOS; PAD and BOS are ignored."""
-    keep = []
-    for i in ids:
-      i = int(i)
-      if i == special_tokens.EOS_ID:
-        break
-      if i not in (special_tokens.PAD_ID, special_tokens.BOS_ID) and self.their_ids[i] != NO_ID:
-        keep.append(int(self.their_ids[i]))
-    return self._hf.decode(keep, skip_special_tokens=False)
+    """Text of `ids` up to the first EOS; PAD, BOS and ids with no token of theirs are
+    ignored."""
+    theirs = [int(self.their_ids[i]) for i in special_tokens.text_ids(ids)]
+    return self._hf.decode([i for i in theirs if i != NO_ID], skip_special_tokens=False)
 
   def decode_batch(self, rows: Iterable[Iterable[int]]) -> list[str]:
     return [self.decode(r) for r in rows]

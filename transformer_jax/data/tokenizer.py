@@ -82,14 +82,7 @@ class Tokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` up to the first EOS; PAD and BOS are ignored."""
-    keep = []
-    for i in ids:
-      i = int(i)
-      if i == special_tokens.EOS_ID:
-        break
-      if i not in (special_tokens.PAD_ID, special_tokens.BOS_ID):
-        keep.append(i)
-    return self._sp.decode(keep)
+    return self._sp.decode(special_tokens.text_ids(ids))
 
   def decode_batch(self, rows: Iterable[Iterable[int]]) -> list[str]:
     return [self.decode(r) for r in rows]
