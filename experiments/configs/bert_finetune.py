@@ -14,35 +14,28 @@ save_pretrained), which the machines this project is measured on cannot make: no
 result to report; tests/interop/test_bert.py runs this config on a small random BERT.
 """
 
-import json
 import os
 
 import ml_collections
 
 from transformer_jax.configs import default_config
-from transformer_jax.errors import UserError
+from transformer_jax.interop import imported_run
 
 # test_configs: get_config needs a run directory; tests/interop/test_bert.py builds one.
 REQUIRES_ARGUMENT = "an imported run directory"
 
 
 def get_config(run_dir: str = "") -> ml_collections.ConfigDict:
-  if not run_dir:
-    raise UserError("name the imported run: --config=experiments/configs/bert_finetune.py:RUN_DIR")
-  path = os.path.join(run_dir, "config.json")
-  if not os.path.exists(path):
-    raise UserError(f"{path} does not exist; run python -m transformer_jax.import_hf first")
-  with open(path) as f:
-    imported = json.load(f)
+  imported_model = imported_run.imported_model(run_dir, "bert_finetune.py", "import_hf")
   config = default_config()
   config.task = "classification"
   config.text_side = "pair"
-  config.model.update(imported["model"])
+  config.model.update(imported_model)
   config.init_from = run_dir
   config.data.update(dict(
       dataset="multi30k", variant="raw", source_lang="en", target_lang="de",
       tokenizer_path=os.path.join(run_dir, "tokenizer.model"),
-      max_len=min(64, imported["model"]["max_len"] // 2), tokens_per_batch=2_048, pack=False))
+      max_len=min(64, imported_model["max_len"] // 2), tokens_per_batch=2_048, pack=False))
   config.label_smoothing = 0.0
   config.schedule = "linear_rsqrt"
   config.learning_rate = 3e-5

@@ -13,28 +13,21 @@ be downloaded on the machines this project is measured on): no result to
 report.
 """
 
-import json
 import os
 
 import ml_collections
 
 from transformer_jax.configs import default_config
-from transformer_jax.errors import UserError
+from transformer_jax.interop import imported_run
 
 # test_configs: get_config needs a run directory; tests/test_marian.py builds one.
 REQUIRES_ARGUMENT = "an imported run directory"
 
 
 def get_config(run_dir: str = "") -> ml_collections.ConfigDict:
-  if not run_dir:
-    raise UserError("name the imported run: --config=experiments/configs/marian_finetune.py:RUN_DIR")
-  path = os.path.join(run_dir, "config.json")
-  if not os.path.exists(path):
-    raise UserError(f"{path} does not exist; run python -m transformer_jax.import_marian first")
-  with open(path) as f:
-    imported = json.load(f)
+  imported_model = imported_run.imported_model(run_dir, "marian_finetune.py", "import_marian")
   config = default_config()
-  config.model.update(imported["model"])
+  config.model.update(imported_model)
   config.init_from = run_dir
   config.data.update(dict(
       dataset="multi30k", variant="raw", source_lang="en", target_lang="de",

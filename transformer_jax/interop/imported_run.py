@@ -97,6 +97,19 @@ class HFWeights:
     return dict(kernel=self.get(f"{name}.weight").T, bias=self.get(f"{name}.bias"))
 
 
+def imported_model(run_dir: str, config_file: str, importer: str) -> dict:
+  """The model section of an imported run's config.json, for a fine-tune config
+  (`experiments/configs/<config_file>:RUN_DIR`); `importer` names the command that writes
+  such a run, in the one-line errors."""
+  if not run_dir:
+    raise UserError(f"name the imported run: --config=experiments/configs/{config_file}:RUN_DIR")
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(path):
+    raise UserError(f"{path} does not exist; run python -m transformer_jax.{importer} first")
+  with open(path) as f:
+    return json.load(f)["model"]
+
+
 def check_against_model(params: dict, init: Callable[[], Any]) -> None:
   """Every parameter `init()` makes, with its shape, and nothing else; else a one-line error."""
   expected = traverse_util.flatten_dict(jax.eval_shape(init)["params"])
