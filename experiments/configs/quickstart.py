@@ -8,7 +8,10 @@ test sacreBLEU 98.92; 4 minutes for the README's first command in a fresh
 venv with an empty home folder (install, corpus generation, compiles, 800
 steps at ~13.5k target tokens/s, decoding). Earlier, on a loaded host
 (2026-11-29): 98.57 after 800 steps, 88.08 after 500. On 2 AVX2-only AMD EPYC
-cores (2026-12-04): 97.83, and 5 min 14 s for the whole first command.
+cores (2026-12-04): 97.83, and 5 min 14 s for the whole first command. On 2 Intel
+Xeon @ 2.80GHz cores (AVX2; 2026-12-08), in a fresh venv from a fresh clone: 98.72;
+the install took 1 min 13 s and the whole command 13 min 20 s, with other training runs
+holding the cores beside it (not an idle figure).
 """
 
 from transformer_jax.configs import default_config
