@@ -101,8 +101,8 @@ def test_the_digits_are_prepared_once_as_a_tfds_dataset(tmp_path, monkeypatch):
   fixed permutation; a second load reads them back without building again."""
   from sklearn.datasets import load_digits
 
-  splits = image_data.load_images("digits", tfds_dir=tmp_path)
-  assert list((tmp_path / "digits" / "1.0.0").glob("digits-train.array_record*"))
+  splits = image_data.load_images("digits", prepared_dir=str(tmp_path))
+  assert list((tmp_path / "tfds" / "digits" / "1.0.0").glob("digits-train.array_record*"))
   digits = load_digits()
   order = np.random.default_rng(0).permutation(len(digits.target))
   bounds = {"train": (0, 1197), "validation": (1197, 1497), "test": (1497, 1797)}
@@ -114,7 +114,7 @@ def test_the_digits_are_prepared_once_as_a_tfds_dataset(tmp_path, monkeypatch):
   assert splits.class_names == tuple("0123456789") and splits.image_shape == (8, 8, 1)
 
   monkeypatch.setattr(image_data.Digits, "_split_generators", lambda *_: 1 / 0)
-  again = image_data.load_images("digits", tfds_dir=tmp_path)  # Read, not built.
+  again = image_data.load_images("digits", prepared_dir=str(tmp_path))  # Read, not built.
   np.testing.assert_array_equal(again.images["test"], splits.images["test"])
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +45,11 @@ class ImageSplits:
 
 
 def load_images(dataset: str, folder: str = "", image_size: int = 0,
-                tfds_dir: Path | None = None) -> ImageSplits:
-  """The splits of `dataset`; a one-line UserError for a bad name or folder. `tfds_dir`
-  holds prepared TFDS datasets (digits); by default the cache's (`data.prepared_dir`)."""
+                prepared_dir: str | None = None) -> ImageSplits:
+  """The splits of `dataset`; a one-line UserError for a bad name or folder. The digits are
+  prepared in the data cache, `prepared_dir` (`data.prepared_dir`; None: the default)."""
   if dataset == "digits":
-    return _digits(tfds_dir or text_files.resolve_prepared_dir(None) / "tfds")
+    return _digits(text_files.resolve_prepared_dir(prepared_dir) / "tfds")
   if dataset == "image_folder":
     return _image_folder(folder, image_size)
   raise UserError(f"image.dataset={dataset!r} is not one of {', '.join(DATASETS)}")
@@ -89,9 +88,10 @@ def _digits(tfds_dir: Path) -> ImageSplits:
   builder = Digits(data_dir=str(tfds_dir), file_format="array_record")
   with builders.one_preparer(tfds_dir):
     builders.prepare_builder(builder)
+  sources = builder.as_data_source()
   images, labels = {}, {}
   for split in SPLITS:
-    source = builder.as_data_source()[split]
+    source = sources[split]
     records = source.__getitems__(list(range(len(source))))
     images[split] = np.stack([r["image"] for r in records]).astype(np.float32) / 16.0
     labels[split] = np.array([r["label"] for r in records], np.int32)

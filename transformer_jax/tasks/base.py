@@ -65,9 +65,14 @@ class Task(abc.ABC):
     return cls.rows_hold_pairs
 
   @classmethod
+  def row_tokens(cls, config: ml_collections.ConfigDict, side_length: int) -> int:
+    """Tokens in a row whose sides hold `side_length` tokens: twice that for pair rows."""
+    return side_length * (2 if cls.holds_pairs(config) else 1)
+
+  @classmethod
   def row_length(cls, config: ml_collections.ConfigDict) -> int:
     """Tokens in the longest training row: data.max_len, or twice that for pair rows."""
-    return int(config.data.max_len) * (2 if cls.holds_pairs(config) else 1)
+    return cls.row_tokens(config, int(config.data.max_len))
 
   @classmethod
   def check_config(cls, config: ml_collections.ConfigDict) -> None:

@@ -74,7 +74,7 @@ class CorpusTask(Task):
       return
     splits = {self._data.eval_split, self.config.final_eval_split} & set(self._data.split_sizes)
     for split in sorted(splits):
-      row = self._data.longest_eval_length(split) * (2 if self.holds_pairs(self.config) else 1)
+      row = self.row_tokens(self.config, self._data.longest_eval_length(split))
       if row > model.max_len:
         raise UserError(
             f"the {split} split has pairs longer than data.max_len={self.config.data.max_len}, "

@@ -22,7 +22,7 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from transformer_jax import sharding
-from transformer_jax.data import images, text_files
+from transformer_jax.data import images
 from transformer_jax.data.batching import host_slice
 from transformer_jax.errors import UserError
 from transformer_jax.model.vision import IMAGE_POSITIONS, POOLINGS, VisionTransformer
@@ -122,9 +122,8 @@ class ImageClassificationTask(Task):
   def data(self) -> images.ImageSplits:
     if self._data is None:
       options = self.config.image
-      tfds_dir = text_files.resolve_prepared_dir(self.config.data.prepared_dir) / "tfds"
       self._data = images.load_images(options.dataset, options.folder, options.image_size,
-                                      tfds_dir)
+                                      self.config.data.prepared_dir)
     return self._data
 
   def build_model(self) -> VisionTransformer:
